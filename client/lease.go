@@ -1,0 +1,190 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fence-dev/fence"
+)
+
+// Lease is a held lease that keeps itself alive. It renews in the
+// background at about a third of its TTL and reports itself lost, closing
+// Done and cancelling Context, as soon as it can no longer be sure it holds
+// the scope:
+//   - the service answers that it is not the current lease;
+//   - its local validity runs out: the send time of its last confirmed
+//     renewal plus the TTL, minus the drift margin, on this process's
+//     monotonic clock, passes without a newer confirmation;
+//   - the holder calls MarkLost, for example after a guard rejected its
+//     token as stale;
+//   - it is released.
+//
+// A lost lease stays lost; acquire a new one to start a new epoch. A Lease
+// is safe for concurrent use.
+type Lease struct {
+	c      *Client
+	info   fence.Lease
+	margin time.Duration
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	mu         sync.Mutex
+	validUntil time.Time // local validity, monotonic
+	err        error
+}
+
+// Acquire acquires a lease on scope and keeps it alive until it is released
+// or lost. A held scope gives a *fence.HeldError unless WithWait is given.
+// Transient failures are retried with the same request ID, so one Acquire
+// never takes two tokens.
+func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOption) (*Lease, error) {
+	a := c.acquireConfig(opts)
+	info, sent, err := c.grant(ctx, scope, a)
+	if err != nil {
+		return nil, err
+	}
+	margin := a.margin
+	if margin == 0 {
+		margin = max(info.TTL/20, 5*time.Millisecond)
+	}
+	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), validUntil: sent.Add(info.TTL - margin)}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	l.wg.Add(1)
+	go l.keepAlive()
+	return l, nil
+}
+
+// Token returns the lease's fencing token. Present it with every write to
+// the protected resource.
+func (l *Lease) Token() fence.Token { return l.info.FencingToken() }
+
+// ID returns the lease ID, which renew and release need.
+func (l *Lease) ID() fence.LeaseID { return l.info.ID }
+
+// Scope returns the scope the lease holds.
+func (l *Lease) Scope() string { return l.info.Scope }
+
+// Holder returns the holder name the lease was granted to.
+func (l *Lease) Holder() string { return l.info.Holder }
+
+// TTL returns the lease's time to live.
+func (l *Lease) TTL() time.Duration { return l.info.TTL }
+
+// Done returns a channel that is closed when the lease is lost or released.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Context returns a context that is cancelled when the lease is lost or
+// released; context.Cause gives the reason. Run the lease's work under it.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Err returns nil while the lease is held, then why it ended: an error
+// that matches fence.ErrLeaseLost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// ValidUntil returns the local deadline of the lease's authority on this
+// process's monotonic clock: later than now while the lease is valid.
+func (l *Lease) ValidUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil
+}
+
+// MarkLost ends the lease's authority locally, with cause as the reason:
+// call it when a guard rejects the lease's token as stale. The lease stops
+// renewing; it is not released, as a newer holder may already own the
+// scope. Retrying the rejected write with this token can never succeed.
+func (l *Lease) MarkLost(cause error) {
+	l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: fmt.Sprint(cause)})
+}
+
+// Release stops renewing and frees the scope at the service. Releasing a
+// lease that is already lost only stops it and returns its loss reason.
+func (l *Lease) Release(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		l.lose(err)
+		l.wg.Wait()
+		return err
+	}
+	l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "released by its holder"})
+	l.wg.Wait()
+	_, err := l.c.Release(ctx, l.info.Scope, l.info.ID)
+	return err
+}
+
+// lose records the first reason the lease ended and stops it.
+func (l *Lease) lose(err error) {
+	l.mu.Lock()
+	first := l.err == nil
+	if first {
+		l.err = err
+	}
+	l.mu.Unlock()
+	if first {
+		l.cancel(err)
+		close(l.stop)
+	}
+}
+
+// keepAlive renews at a third of the TTL and ends the lease when the
+// service says it is lost or its local validity runs out.
+func (l *Lease) keepAlive() {
+	defer l.wg.Done()
+	every := l.info.TTL / 3
+	next := time.Now().Add(every)
+	for {
+		valid := l.ValidUntil()
+		wake := next
+		if valid.Before(wake) {
+			wake = valid
+		}
+		t := time.NewTimer(time.Until(wake))
+		select {
+		case <-l.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if !time.Now().Before(valid) {
+			l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token,
+				Reason: fmt.Sprintf("no renewal confirmed within the TTL of %v (local validity ran out)", l.info.TTL)})
+			return
+		}
+		if time.Now().Before(next) {
+			continue
+		}
+		sent := time.Now()
+		err := l.renewOnce(valid)
+		switch {
+		case err == nil:
+			l.mu.Lock()
+			l.validUntil = sent.Add(l.info.TTL - l.margin)
+			l.mu.Unlock()
+			next = sent.Add(every)
+		case errors.Is(err, fence.ErrLeaseLost), errors.Is(err, fence.ErrNotHolder):
+			l.lose(err)
+			return
+		default:
+			// Transient: try again soon, while the lease is still valid.
+			next = time.Now().Add(max(l.info.TTL/20, 10*time.Millisecond))
+		}
+	}
+}
+
+// renewOnce sends one renewal that gives up when the lease's validity ends:
+// an answer after that would come too late to extend it.
+func (l *Lease) renewOnce(valid time.Time) error {
+	ctx, cancel := context.WithDeadline(l.ctx, valid)
+	defer cancel()
+	_, err := l.c.Renew(ctx, l.info.Scope, l.info.ID)
+	return err
+}

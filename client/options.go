@@ -1,0 +1,86 @@
+package client
+
+import (
+	"net/http"
+	"time"
+)
+
+// Option configures a Client.
+type Option interface{ applyClient(*config) }
+
+// AcquireOption configures one acquire.
+type AcquireOption interface{ applyAcquire(*acquireConfig) }
+
+// BothOption is an option that works both as a Client default and for one
+// acquire.
+type BothOption interface {
+	Option
+	AcquireOption
+}
+
+type config struct {
+	httpClient   *http.Client
+	retryTimeout time.Duration
+	acquire      acquireConfig // defaults for every acquire
+}
+
+type acquireConfig struct {
+	holder    string
+	ttl       time.Duration
+	wait      bool
+	requestID string
+	margin    time.Duration
+}
+
+// WithHTTPClient makes the client use h for its calls. The default speaks
+// HTTP/2 without TLS (h2c) to the service.
+func WithHTTPClient(h *http.Client) Option { return optionFunc(func(c *config) { c.httpClient = h }) }
+
+// WithRetryTimeout bounds how long a call keeps retrying while the service
+// is unreachable or has no leader (default 10s). The call's context can end
+// it sooner.
+func WithRetryTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.retryTimeout = d })
+}
+
+// WithHolder names the holder, for people reading lists and logs (default
+// "PROGRAM-PID@HOST").
+func WithHolder(name string) BothOption {
+	return bothFunc(func(a *acquireConfig) { a.holder = name })
+}
+
+// WithTTL sets the lease's time to live (default 10s). The lease renews
+// itself at about a third of it.
+func WithTTL(d time.Duration) BothOption { return bothFunc(func(a *acquireConfig) { a.ttl = d }) }
+
+// WithDriftMargin sets how much earlier than the service the lease counts
+// itself expired, to cover clock rate differences and scheduling delays
+// (default a twentieth of the TTL, at least 5ms).
+func WithDriftMargin(d time.Duration) BothOption {
+	return bothFunc(func(a *acquireConfig) { a.margin = d })
+}
+
+// WithWait makes an acquire of a held scope wait in line (first come, first
+// served) until it is granted or its context ends, instead of failing with
+// fence.ErrHeld.
+func WithWait() AcquireOption { return acquireFunc(func(a *acquireConfig) { a.wait = true }) }
+
+// WithRequestID sets the acquire's request ID (default: random). Retries of
+// one acquire carry the same ID, so the service returns the same grant
+// instead of a second token.
+func WithRequestID(id string) AcquireOption {
+	return acquireFunc(func(a *acquireConfig) { a.requestID = id })
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) applyClient(c *config) { f(c) }
+
+type acquireFunc func(*acquireConfig)
+
+func (f acquireFunc) applyAcquire(a *acquireConfig) { f(a) }
+
+type bothFunc func(*acquireConfig)
+
+func (f bothFunc) applyClient(c *config)         { f(&c.acquire) }
+func (f bothFunc) applyAcquire(a *acquireConfig) { f(a) }

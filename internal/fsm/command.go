@@ -1,0 +1,116 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/fence-dev/fence"
+)
+
+// Op names what a Command does.
+type Op string
+
+// The operations. Their names are stored in the replicated log, so they
+// never change.
+const (
+	// OpAcquire grants the scope if free, else queues (Wait) or answers held.
+	OpAcquire Op = "acquire"
+	// OpRelease frees the scope if LeaseID is its current lease.
+	OpRelease Op = "release"
+	// OpExpire frees the scope if Token is still its current token.
+	OpExpire Op = "expire"
+	// OpCancel withdraws a waiter whose caller gave up; if the waiter was
+	// granted meanwhile, it releases that grant.
+	OpCancel Op = "cancel"
+	// OpPromote marks a new leader taking office: it drops every waiter,
+	// whose callers were attached to the previous leader.
+	OpPromote Op = "promote"
+)
+
+// MaxRequestIDLen bounds the client request ID of an acquire.
+const MaxRequestIDLen = 64
+
+// Command is one change to the State. The proposer fills in LeaseID and At
+// before the command enters the log, so applying it is deterministic.
+type Command struct {
+	Op        Op            `json:"op"`
+	Scope     string        `json:"scope,omitempty"`
+	LeaseID   fence.LeaseID `json:"lease_id,omitzero"`
+	Holder    string        `json:"holder,omitempty"`
+	TTL       time.Duration `json:"ttl,omitempty"`
+	Wait      bool          `json:"wait,omitempty"`
+	RequestID string        `json:"request_id,omitempty"`
+	Token     uint64        `json:"token,omitempty"`
+	At        int64         `json:"at,omitempty"` // proposer's wall clock, Unix nanoseconds; recorded, never compared
+}
+
+// Validate reports whether c is well formed for its Op.
+func (c Command) Validate() error {
+	switch c.Op {
+	case OpAcquire:
+		if err := fence.ValidateScope(c.Scope); err != nil {
+			return err
+		}
+		if err := fence.ValidateHolder(c.Holder); err != nil {
+			return err
+		}
+		if c.TTL <= 0 {
+			return &fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v is not positive", c.TTL)}
+		}
+		if len(c.RequestID) > MaxRequestIDLen {
+			return &fence.InvalidError{Field: "request_id", Reason: fmt.Sprintf("%d bytes long, at most %d allowed", len(c.RequestID), MaxRequestIDLen)}
+		}
+		return needID(c)
+	case OpRelease, OpCancel:
+		if err := fence.ValidateScope(c.Scope); err != nil {
+			return err
+		}
+		return needID(c)
+	case OpExpire:
+		if err := fence.ValidateScope(c.Scope); err != nil {
+			return err
+		}
+		if c.Token == 0 {
+			return &fence.InvalidError{Field: "token", Reason: "expire needs the token to expire"}
+		}
+		return nil
+	case OpPromote:
+		return nil
+	}
+	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
+}
+
+func needID(c Command) error {
+	if c.LeaseID.IsZero() {
+		return &fence.InvalidError{Field: "lease_id", Reason: fmt.Sprintf("%s needs a lease ID", c.Op)}
+	}
+	return nil
+}
+
+// Encode returns the command's log form.
+func (c Command) Encode() []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // unreachable: every field marshals
+	}
+	return b
+}
+
+// DecodeCommand parses and validates a command's log form.
+func DecodeCommand(b []byte) (Command, error) {
+	var c Command
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Command{}, fmt.Errorf("decode command: %w", err)
+	}
+	if dec.More() {
+		return Command{}, fmt.Errorf("decode command: trailing data after the command")
+	}
+	if err := c.Validate(); err != nil {
+		return Command{}, fmt.Errorf("decode command: %w", err)
+	}
+	return c, nil
+}

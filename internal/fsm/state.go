@@ -1,0 +1,378 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fence-dev/fence"
+)
+
+// recentGrants is how many past grants a scope remembers, so a retried
+// acquire returns its own grant instead of a second token, and a renew or
+// release with a recently superseded lease ID answers "lost" rather than
+// "not holder".
+const recentGrants = 4
+
+// Lease is a grant as the state machine records it.
+type Lease struct {
+	Token     uint64        `json:"token"`
+	ID        fence.LeaseID `json:"id"`
+	Holder    string        `json:"holder,omitempty"`
+	TTL       time.Duration `json:"ttl"`
+	RequestID string        `json:"request_id,omitempty"`
+	GrantedAt int64         `json:"granted_at,omitempty"` // Unix nanoseconds, from the command
+}
+
+// Waiter is an acquire queued behind the current lease.
+type Waiter struct {
+	ID        fence.LeaseID `json:"id"`
+	Holder    string        `json:"holder,omitempty"`
+	TTL       time.Duration `json:"ttl"`
+	RequestID string        `json:"request_id,omitempty"`
+}
+
+// grant remembers a past grant of a scope.
+type grant struct {
+	Token     uint64        `json:"token"`
+	ID        fence.LeaseID `json:"id"`
+	RequestID string        `json:"request_id,omitempty"`
+}
+
+// scope is one scope's record. It is never deleted: its counter must
+// outlive every lease.
+type scope struct {
+	last    uint64 // the highest token issued; 0 before the first grant
+	lease   *Lease // nil when free
+	waiters []Waiter
+	recent  []grant // oldest first, at most recentGrants
+}
+
+// Outcome is what a command or lookup did.
+type Outcome uint8
+
+// The outcomes.
+const (
+	Invalid   Outcome = iota // the command was malformed; nothing changed
+	Granted                  // Result.Lease is the (possibly earlier, same) grant
+	Queued                   // the acquire waits in line; Result.Lease is its future lease, without token
+	Held                     // the scope is held; Result.Lease is the holder's lease
+	Released                 // Result.Lease was released
+	Expired                  // Result.Lease was expired
+	Cancelled                // the waiter left the queue
+	Lost                     // the lease ID was recently current but is not any more; Result.Current is the current token, 0 if free
+	NotHolder                // the lease ID is unknown for this scope
+	Exhausted                // the scope's counter reached fence.MaxToken
+	NoOp                     // nothing to do (an expire that lost a race, a promote)
+)
+
+var outcomeNames = [...]string{"invalid", "granted", "queued", "held", "released", "expired", "cancelled", "lost", "not holder", "exhausted", "no-op"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", o)
+}
+
+// EventKind names a lease transition.
+type EventKind uint8
+
+// The transitions.
+const (
+	EventGranted   EventKind = iota + 1 // a new lease began
+	EventReleased                       // its holder released it
+	EventExpired                        // the leader expired it
+	EventCancelled                      // a waiter left the queue ungranted
+)
+
+var eventNames = [...]string{"", "granted", "released", "expired", "cancelled"}
+
+func (k EventKind) String() string { return eventNames[k] }
+
+// Event is a lease transition caused by applying a command.
+type Event struct {
+	Kind  EventKind
+	Scope string
+	Lease Lease // for cancelled: the waiter's would-be lease, token 0
+}
+
+// Result is what applying a command did.
+type Result struct {
+	Outcome Outcome
+	Scope   string
+	Lease   Lease
+	Current uint64  // for Lost: the scope's current token, 0 if free
+	Err     error   // for Invalid: what was wrong
+	Events  []Event // transitions, in the order they happened
+}
+
+// State is the replicated lease state. The zero value is not usable; call
+// New. A State is not safe for concurrent use: its owner serialises Apply
+// and the queries.
+type State struct {
+	scopes map[string]*scope
+}
+
+// New returns an empty State.
+func New() *State { return &State{scopes: make(map[string]*scope)} }
+
+// Apply applies one command and reports what it did. It is deterministic:
+// the same commands in the same order give the same state and results.
+func (s *State) Apply(c Command) Result {
+	if err := c.Validate(); err != nil {
+		return Result{Outcome: Invalid, Scope: c.Scope, Err: err}
+	}
+	switch c.Op {
+	case OpAcquire:
+		return s.acquire(c)
+	case OpRelease:
+		return s.release(c)
+	case OpExpire:
+		return s.expire(c)
+	case OpCancel:
+		return s.cancel(c)
+	default: // OpPromote
+		return s.promote()
+	}
+}
+
+func (s *State) acquire(c Command) Result {
+	sc := s.scopes[c.Scope]
+	if sc == nil {
+		sc = &scope{}
+		s.scopes[c.Scope] = sc
+	}
+	if c.RequestID != "" {
+		if r, ok := sc.retried(c); ok {
+			return r
+		}
+	}
+	if sc.lease != nil {
+		if !c.Wait {
+			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease}
+		}
+		w := Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID}
+		sc.waiters = append(sc.waiters, w)
+		return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}
+	}
+	var r Result
+	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID}, c.At, &r)
+	return r
+}
+
+// retried answers an acquire whose request ID this scope has seen: the
+// same grant, the same place in line, or lost if that grant has ended.
+func (sc *scope) retried(c Command) (Result, bool) {
+	if sc.lease != nil && sc.lease.RequestID == c.RequestID {
+		return Result{Outcome: Granted, Scope: c.Scope, Lease: *sc.lease}, true
+	}
+	for _, w := range sc.waiters {
+		if w.RequestID == c.RequestID {
+			return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}, true
+		}
+	}
+	for _, g := range sc.recent {
+		if g.RequestID == c.RequestID {
+			return Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}, true
+		}
+	}
+	return Result{}, false
+}
+
+// grant makes w the holder with the next token and records the event in r.
+func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
+	r.Scope = name
+	if sc.last >= fence.MaxToken {
+		r.Outcome = Exhausted
+		return
+	}
+	sc.last++
+	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at}
+	sc.lease = &l
+	sc.recent = append(sc.recent, grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID})
+	if n := len(sc.recent); n > recentGrants {
+		sc.recent = slices.Delete(sc.recent, 0, n-recentGrants)
+	}
+	r.Outcome, r.Lease = Granted, l
+	r.Events = append(r.Events, Event{Kind: EventGranted, Scope: name, Lease: l})
+}
+
+// free ends the current lease with the given event and hands the scope to
+// the first waiter, if any.
+func (sc *scope) free(name string, kind EventKind, at int64, r *Result) {
+	l := *sc.lease
+	sc.lease = nil
+	r.Events = append(r.Events, Event{Kind: kind, Scope: name, Lease: l})
+	if len(sc.waiters) == 0 {
+		return
+	}
+	next := sc.waiters[0]
+	sc.waiters = slices.Delete(sc.waiters, 0, 1)
+	var g Result
+	sc.grant(name, next, at, &g)
+	if g.Outcome == Exhausted {
+		// No token is left for anyone: the queue can never be served.
+		for _, w := range append([]Waiter{next}, sc.waiters...) {
+			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
+		}
+		sc.waiters = nil
+		return
+	}
+	r.Events = append(r.Events, g.Events...)
+}
+
+func (s *State) release(c Command) Result {
+	sc := s.scopes[c.Scope]
+	if sc == nil {
+		return Result{Outcome: NotHolder, Scope: c.Scope}
+	}
+	if sc.lease == nil || sc.lease.ID != c.LeaseID {
+		return sc.notCurrent(c)
+	}
+	r := Result{Outcome: Released, Scope: c.Scope, Lease: *sc.lease}
+	sc.free(c.Scope, EventReleased, c.At, &r)
+	return r
+}
+
+func (s *State) expire(c Command) Result {
+	sc := s.scopes[c.Scope]
+	if sc == nil || sc.lease == nil || sc.lease.Token != c.Token {
+		return Result{Outcome: NoOp, Scope: c.Scope}
+	}
+	r := Result{Outcome: Expired, Scope: c.Scope, Lease: *sc.lease}
+	sc.free(c.Scope, EventExpired, c.At, &r)
+	return r
+}
+
+func (s *State) cancel(c Command) Result {
+	sc := s.scopes[c.Scope]
+	if sc == nil {
+		return Result{Outcome: NoOp, Scope: c.Scope}
+	}
+	for i, w := range sc.waiters {
+		if w.ID == c.LeaseID {
+			sc.waiters = slices.Delete(sc.waiters, i, i+1)
+			l := w.lease()
+			return Result{Outcome: Cancelled, Scope: c.Scope, Lease: l,
+				Events: []Event{{Kind: EventCancelled, Scope: c.Scope, Lease: l}}}
+		}
+	}
+	if sc.lease != nil && sc.lease.ID == c.LeaseID {
+		return s.release(c)
+	}
+	return Result{Outcome: NoOp, Scope: c.Scope}
+}
+
+func (s *State) promote() Result {
+	r := Result{Outcome: NoOp}
+	for _, name := range s.sortedScopes("") {
+		sc := s.scopes[name]
+		for _, w := range sc.waiters {
+			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
+		}
+		sc.waiters = nil
+	}
+	return r
+}
+
+// notCurrent answers a renew or release whose lease ID is not current.
+func (sc *scope) notCurrent(c Command) Result {
+	for _, g := range sc.recent {
+		if g.ID == c.LeaseID {
+			return Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}
+		}
+	}
+	return Result{Outcome: NotHolder, Scope: c.Scope}
+}
+
+func (sc *scope) current() uint64 {
+	if sc.lease == nil {
+		return 0
+	}
+	return sc.lease.Token
+}
+
+func (w Waiter) lease() Lease {
+	return Lease{ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID}
+}
+
+// Check reports whether id is the current lease of the scope: Granted with
+// the lease, Lost, or NotHolder. Renewals use it; they change no state.
+func (s *State) Check(name string, id fence.LeaseID) Result {
+	sc := s.scopes[name]
+	if sc == nil {
+		return Result{Outcome: NotHolder, Scope: name}
+	}
+	if sc.lease != nil && sc.lease.ID == id {
+		return Result{Outcome: Granted, Scope: name, Lease: *sc.lease}
+	}
+	return sc.notCurrent(Command{Scope: name, LeaseID: id})
+}
+
+// ScopeInfo is what a query reports about one scope.
+type ScopeInfo struct {
+	Scope   string
+	Last    uint64 // highest token ever issued, 0 if never granted
+	Lease   *Lease // the current lease, nil if free
+	Waiters int
+}
+
+// Get reports the state of one scope. A scope never acquired has Last 0.
+func (s *State) Get(name string) ScopeInfo {
+	sc := s.scopes[name]
+	if sc == nil {
+		return ScopeInfo{Scope: name}
+	}
+	return sc.info(name)
+}
+
+func (sc *scope) info(name string) ScopeInfo {
+	in := ScopeInfo{Scope: name, Last: sc.last, Waiters: len(sc.waiters)}
+	if sc.lease != nil {
+		l := *sc.lease
+		in.Lease = &l
+	}
+	return in
+}
+
+// Held lists the held scopes whose names start with prefix and sort after
+// the scope named after, in order, at most limit of them (no limit if
+// limit <= 0).
+func (s *State) Held(prefix, after string, limit int) []ScopeInfo {
+	var out []ScopeInfo
+	for _, name := range s.sortedScopes(prefix) {
+		if name <= after || s.scopes[name].lease == nil {
+			continue
+		}
+		out = append(out, s.scopes[name].info(name))
+		if limit > 0 && len(out) == limit {
+			break
+		}
+	}
+	return out
+}
+
+// Leases returns every current lease, by scope. The leader uses it to give
+// each held lease a full TTL when it takes office.
+func (s *State) Leases() map[string]Lease {
+	out := make(map[string]Lease)
+	for name, sc := range s.scopes {
+		if sc.lease != nil {
+			out[name] = *sc.lease
+		}
+	}
+	return out
+}
+
+func (s *State) sortedScopes(prefix string) []string {
+	names := make([]string, 0, len(s.scopes))
+	for name := range s.scopes {
+		if strings.HasPrefix(name, prefix) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}

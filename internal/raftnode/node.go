@@ -1,0 +1,296 @@
+// Package raftnode runs fence's state machine under hashicorp/raft: the FSM
+// adapter, the raft-boltdb log and stable stores, the file snapshot store,
+// and raft futures turned into context-aware calls.
+//
+// A single node is a one-voter cluster bootstrapped on first start; there is
+// one code path for one node and many.
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// Config configures a Node.
+type Config struct {
+	// NodeID names this node in the Raft configuration.
+	NodeID string
+	// DataDir holds raft.db (log and stable store) and snapshots/.
+	DataDir string
+	// Logger receives Raft's own messages (warnings and errors).
+	Logger *slog.Logger
+	// OnEvents is called, in log order, with the lease transitions of each
+	// applied command, after the state is updated and before the command's
+	// proposer is answered. It must not block.
+	OnEvents func([]fsm.Event)
+	// OnRestore is called after the state was replaced by a snapshot.
+	OnRestore func()
+	// OnLeader is called with true when this node becomes leader and with
+	// false when it stops being leader. Calls are serialised.
+	OnLeader func(bool)
+}
+
+// Node is one member of the lease state's Raft cluster. Its methods are safe
+// for concurrent use.
+type Node struct {
+	cfg    Config
+	raft   *raft.Raft
+	store  *raftboltdb.BoltStore
+	trans  *raft.InmemTransport
+	notify chan bool
+	done   chan struct{}
+	wg     sync.WaitGroup
+
+	mu    sync.RWMutex // guards state
+	state *fsm.State
+}
+
+// ErrNoLeader reports a write or consistent read on a node that is not the
+// leader. It wraps fence.ErrUnavailable.
+var ErrNoLeader = fmt.Errorf("%w: this node is not the leader", fence.ErrUnavailable)
+
+// Open starts a node on cfg.DataDir, bootstrapping a one-voter cluster if the
+// directory holds no Raft state yet.
+func Open(cfg Config) (*Node, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("raftnode: empty node ID")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
+	logger := hclog.New(&hclog.LoggerOptions{
+		Name:   "raft",
+		Level:       hclog.Warn,
+		Output:      slogWriter{cfg.Logger},
+		DisableTime: true,
+	})
+
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(cfg.DataDir, "raft.db"), err)
+	}
+	n.store = store
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, logger)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("open snapshot store: %w", err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = logger
+	rc.NotifyCh = n.notify
+	// A one-voter cluster elects itself after one heartbeat timeout; keep
+	// restarts quick.
+	rc.HeartbeatTimeout = 500 * time.Millisecond
+	rc.ElectionTimeout = 500 * time.Millisecond
+	rc.LeaderLeaseTimeout = 250 * time.Millisecond
+	// Group commit: the leader writes up to MaxAppendEntries queued
+	// commands with one fsync.
+	rc.MaxAppendEntries = 1024
+	rc.BatchApplyCh = true
+
+	addr, trans := raft.NewInmemTransport(raft.ServerAddress("inmem:" + cfg.NodeID))
+	n.trans = trans
+	existing, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("inspect raft state: %w", err)
+	}
+	if !existing {
+		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}
+		if err := raft.BootstrapCluster(rc, store, store, snaps, trans, boot); err != nil {
+			store.Close()
+			return nil, fmt.Errorf("bootstrap: %w", err)
+		}
+	}
+	r, err := raft.NewRaft(rc, (*machine)(n), store, store, snaps, trans)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	n.raft = r
+	n.wg.Add(1)
+	go n.watchLeadership()
+	return n, nil
+}
+
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	for {
+		select {
+		case leader := <-n.notify:
+			if n.cfg.OnLeader != nil {
+				n.cfg.OnLeader(leader)
+			}
+		case <-n.done:
+			return
+		}
+	}
+}
+
+// Apply replicates c, waits until it is durably committed and applied, and
+// returns its result. An error means the outcome is unknown unless it is
+// ErrNoLeader from before the command was accepted.
+func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	timeout := 10 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	f := n.raft.Apply(c.Encode(), timeout)
+	if err := f.Error(); err != nil {
+		return fsm.Result{}, raftError(err)
+	}
+	return f.Response().(fsm.Result), nil
+}
+
+// Barrier waits until every command committed before it is applied here.
+// A new leader calls it before serving, so its state is complete.
+func (n *Node) Barrier(ctx context.Context) error {
+	timeout := 30 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	return raftError(n.raft.Barrier(timeout).Error())
+}
+
+// IsLeader reports whether this node currently believes it is the leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Read calls f with the state, under a read lock. f must not keep the
+// pointer or call Apply.
+func (n *Node) Read(f func(*fsm.State)) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	f(n.state)
+}
+
+// Snapshot takes a Raft snapshot now and compacts the log.
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Close stops Raft and closes the stores.
+func (n *Node) Close() error {
+	err := n.raft.Shutdown().Error()
+	close(n.done)
+	n.wg.Wait()
+	n.trans.Close()
+	return errors.Join(err, n.store.Close())
+}
+
+func raftError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
+		return fmt.Errorf("%w (%v)", ErrNoLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return fmt.Errorf("%w: shutting down", fence.ErrUnavailable)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %v", fence.ErrUnavailable, err)
+	}
+	return err
+}
+
+// machine adapts Node to raft.FSM and raft.BatchingFSM.
+type machine Node
+
+func (m *machine) Apply(l *raft.Log) any {
+	return m.ApplyBatch([]*raft.Log{l})[0]
+}
+
+func (m *machine) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	var events []fsm.Event
+	m.mu.Lock()
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			out[i] = fsm.Result{Outcome: fsm.NoOp}
+			continue
+		}
+		c, err := fsm.DecodeCommand(l.Data)
+		if err != nil {
+			// Only a bug or a corrupt log gets here; refusing the entry
+			// changes nothing, which keeps every replica equal.
+			out[i] = fsm.Result{Outcome: fsm.Invalid, Err: err}
+			continue
+		}
+		r := m.state.Apply(c)
+		events = append(events, r.Events...)
+		out[i] = r
+	}
+	m.mu.Unlock()
+	if len(events) > 0 && m.cfg.OnEvents != nil {
+		m.cfg.OnEvents(events)
+	}
+	return out
+}
+
+func (m *machine) Snapshot() (raft.FSMSnapshot, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return snapshot(m.state.Snapshot()), nil
+}
+
+func (m *machine) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("read snapshot: %w", err)
+	}
+	st, err := fsm.Restore(b)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.state = st
+	m.mu.Unlock()
+	if m.cfg.OnRestore != nil {
+		m.cfg.OnRestore()
+	}
+	return nil
+}
+
+type snapshot []byte
+
+func (s snapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (snapshot) Release() {}
+
+// slogWriter passes hclog's lines to slog.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	if w.l != nil {
+		w.l.Warn(string(trimNewline(p)), "component", "raft")
+	}
+	return len(p), nil
+}
+
+func trimNewline(p []byte) []byte {
+	if n := len(p); n > 0 && p[n-1] == '\n' {
+		return p[:n-1]
+	}
+	return p
+}

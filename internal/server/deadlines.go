@@ -1,0 +1,172 @@
+package server
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// deadlines keeps every held lease's deadline on this node's monotonic
+// clock. Renewals change no token, so they stay off the Raft log and only
+// move a deadline here; only the leader's deadlines decide expiry.
+//
+// A deadline is marked expiring, under the same lock renewals take, before
+// its Expire command is proposed: from then on a renewal answers lost, so a
+// lease is never confirmed to its holder and then expired.
+type deadlines struct {
+	mu   sync.Mutex
+	by   map[string]*deadline // by scope
+	heap deadlineHeap
+	wake chan struct{} // signalled when an earlier deadline may exist
+}
+
+type deadline struct {
+	scope    string
+	token    uint64
+	id       fence.LeaseID
+	ttl      time.Duration
+	at       time.Time
+	expiring bool
+	index    int // in the heap
+}
+
+func newDeadlines() *deadlines {
+	return &deadlines{by: make(map[string]*deadline), wake: make(chan struct{}, 1)}
+}
+
+// granted starts a full TTL for a new lease.
+func (d *deadlines) granted(scope string, l fsm.Lease, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.setLocked(scope, l, now)
+}
+
+func (d *deadlines) setLocked(scope string, l fsm.Lease, now time.Time) {
+	if old := d.by[scope]; old != nil {
+		heap.Remove(&d.heap, old.index)
+	}
+	e := &deadline{scope: scope, token: l.Token, id: l.ID, ttl: l.TTL, at: now.Add(l.TTL)}
+	d.by[scope] = e
+	heap.Push(&d.heap, e)
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// ended forgets the lease with this token, if it is the one tracked.
+func (d *deadlines) ended(scope string, token uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.by[scope]; e != nil && e.token == token {
+		heap.Remove(&d.heap, e.index)
+		delete(d.by, scope)
+	}
+}
+
+// reset gives every held lease a full TTL from now. A new leader calls it
+// before expiring anything (invariant 5): its predecessor may have
+// confirmed renewals it never heard of.
+func (d *deadlines) reset(leases map[string]fsm.Lease, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.by = make(map[string]*deadline, len(leases))
+	d.heap = d.heap[:0]
+	for scope, l := range leases {
+		d.setLocked(scope, l, now)
+	}
+}
+
+// renew extends the lease to a full TTL from now, unless its expiry has
+// been decided. check reads the state machine's view of the lease ID; it
+// runs under d's lock so that decision cannot slip in between.
+func (d *deadlines) renew(scope string, now time.Time, check func() fsm.Result) (fsm.Result, time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := check()
+	if r.Outcome != fsm.Granted {
+		return r, 0
+	}
+	e := d.by[scope]
+	switch {
+	case e == nil || e.token != r.Lease.Token:
+		// Granted but not yet tracked: cannot happen while events are
+		// delivered before grants are answered; track it to be safe.
+		d.setLocked(scope, r.Lease, now)
+	case e.expiring:
+		return fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}, 0
+	default:
+		e.at = now.Add(e.ttl)
+		heap.Fix(&d.heap, e.index)
+	}
+	return r, r.Lease.TTL
+}
+
+// left reports the time left of the lease with this token, 0 if untracked.
+func (d *deadlines) left(scope string, token uint64, now time.Time) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.by[scope]; e != nil && e.token == token && !e.expiring {
+		return max(e.at.Sub(now), 0)
+	}
+	return 0
+}
+
+// due marks the leases whose deadline has passed as expiring and returns
+// them, with the time of the next deadline (zero if none).
+func (d *deadlines) due(now time.Time, limit int) ([]deadline, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []deadline
+	for len(d.heap) > 0 && len(out) < limit {
+		e := d.heap[0]
+		if e.at.After(now) {
+			return out, e.at
+		}
+		e.expiring = true
+		// Keep it tracked but out of the way until the Expire is applied
+		// (ended) or fails (retry).
+		e.at = now.Add(time.Hour)
+		heap.Fix(&d.heap, e.index)
+		out = append(out, *e)
+	}
+	if len(d.heap) > 0 {
+		return out, d.heap[0].at
+	}
+	return out, time.Time{}
+}
+
+// retry puts back a lease whose Expire proposal failed, to be tried again
+// at the given time.
+func (d *deadlines) retry(scope string, token uint64, at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.by[scope]; e != nil && e.token == token && e.expiring {
+		e.at = at
+		heap.Fix(&d.heap, e.index)
+	}
+}
+
+type deadlineHeap []*deadline
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h deadlineHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *deadlineHeap) Push(x any) {
+	e := x.(*deadline)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}

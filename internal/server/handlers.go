@@ -1,0 +1,252 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/wire"
+)
+
+const (
+	defaultPageSize = 1000
+	maxPageSize     = 1000
+)
+
+// errNotReady answers requests while the node is not a serving leader.
+var errNotReady = fmt.Errorf("%w: not ready (starting up, or not the leader); retry shortly", fence.ErrUnavailable)
+
+func (s *Server) checkReady() error {
+	if !s.ready.Load() {
+		return errNotReady
+	}
+	return nil
+}
+
+// Acquire implements fence.v1.LeaseService.Acquire.
+func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
+	m := req.Msg
+	ttl, err := s.ttl(m.Ttl.AsDuration(), m.Ttl != nil)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	c := fsm.Command{
+		Op: fsm.OpAcquire, Scope: m.Scope, LeaseID: fence.NewLeaseID(), Holder: m.Holder,
+		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
+	}
+	if err := c.Validate(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	var (
+		key  string
+		wait chan fsm.Event
+	)
+	if c.Wait {
+		// Listen before proposing: the grant may be applied before Apply
+		// returns to us.
+		key = waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
+		wait = s.waiters.add(key)
+		defer s.waiters.remove(key, wait)
+	}
+	r, err := s.node.Apply(ctx, c)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if r.Outcome == fsm.Queued {
+		r, err = s.awaitGrant(ctx, r, wait)
+		if err != nil {
+			return nil, wire.ToConnect(err)
+		}
+	}
+	if r.Outcome != fsm.Granted {
+		return nil, wire.ToConnect(s.outcomeError(r))
+	}
+	return connect.NewResponse(&fencev1.AcquireResponse{Lease: s.lease(r.Scope, r.Lease, true)}), nil
+}
+
+// awaitGrant waits in line until the queued acquire is granted or its
+// caller gives up, in which case it withdraws from the queue.
+func (s *Server) awaitGrant(ctx context.Context, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
+	select {
+	case e := <-wait:
+		if e.Kind == fsm.EventGranted {
+			return fsm.Result{Outcome: fsm.Granted, Scope: e.Scope, Lease: e.Lease}, nil
+		}
+		return fsm.Result{}, fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, queued.Scope)
+	case <-ctx.Done():
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := s.node.Apply(cctx, fsm.Command{Op: fsm.OpCancel, Scope: queued.Scope, LeaseID: queued.Lease.ID, At: time.Now().UnixNano()})
+	if err != nil {
+		s.log.Warn("withdrawing a waiter failed", "scope", queued.Scope, "lease_id", queued.Lease.ID.String(), "err", err)
+	}
+	return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
+}
+
+// Renew implements fence.v1.LeaseService.Renew.
+func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRequest]) (*connect.Response[fencev1.RenewResponse], error) {
+	scope, id, err := scopeAndID(req.Msg.Scope, req.Msg.LeaseId)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	r, ttl := s.deadlines.renew(scope, time.Now(), func() (r fsm.Result) {
+		s.node.Read(func(st *fsm.State) { r = st.Check(scope, id) })
+		return r
+	})
+	if r.Outcome != fsm.Granted {
+		return nil, wire.ToConnect(s.outcomeError(r))
+	}
+	s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
+		slog.String("scope", scope), slog.Uint64("token", r.Lease.Token),
+		slog.String("lease_id", id.String()), slog.String("holder", r.Lease.Holder), slog.Duration("ttl", ttl))
+	l := s.lease(scope, r.Lease, true)
+	return connect.NewResponse(&fencev1.RenewResponse{Lease: l}), nil
+}
+
+// Release implements fence.v1.LeaseService.Release.
+func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
+	scope, id, err := scopeAndID(req.Msg.Scope, req.Msg.LeaseId)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	r, err := s.node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if r.Outcome != fsm.Released {
+		return nil, wire.ToConnect(s.outcomeError(r))
+	}
+	return connect.NewResponse(&fencev1.ReleaseResponse{Scope: scope, Token: r.Lease.Token}), nil
+}
+
+// Get implements fence.v1.LeaseService.Get.
+func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
+	if err := fence.ValidateScope(req.Msg.Scope); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	var in fsm.ScopeInfo
+	s.node.Read(func(st *fsm.State) { in = st.Get(req.Msg.Scope) })
+	resp := &fencev1.GetResponse{Scope: in.Scope, LastToken: in.Last, Waiters: uint32(in.Waiters)}
+	if in.Lease != nil {
+		resp.Lease = s.lease(in.Scope, *in.Lease, false)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// List implements fence.v1.LeaseService.List.
+func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequest]) (*connect.Response[fencev1.ListResponse], error) {
+	m := req.Msg
+	if err := fence.ValidatePrefix(m.Prefix); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	size := int(m.PageSize)
+	switch {
+	case size == 0:
+		size = defaultPageSize
+	case size > maxPageSize:
+		return nil, wire.ToConnect(&fence.InvalidError{Field: "page_size", Reason: fmt.Sprintf("%d is above the maximum %d", size, maxPageSize)})
+	}
+	after, err := decodePageToken(m.PageToken)
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	var held []fsm.ScopeInfo
+	s.node.Read(func(st *fsm.State) { held = st.Held(m.Prefix, after, size+1) })
+	resp := &fencev1.ListResponse{}
+	if len(held) > size {
+		held = held[:size]
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(held[size-1].Scope))
+	}
+	for _, in := range held {
+		resp.Leases = append(resp.Leases, s.lease(in.Scope, *in.Lease, false))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func decodePageToken(t string) (string, error) {
+	if t == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(t)
+	if err != nil || fence.ValidateScope(string(b)) != nil {
+		return "", &fence.InvalidError{Field: "page_token", Reason: "not a next_page_token this service returned"}
+	}
+	return string(b), nil
+}
+
+// ttl applies the default and checks the bounds.
+func (s *Server) ttl(d time.Duration, set bool) (time.Duration, error) {
+	if !set {
+		return s.cfg.DefaultTTL, nil
+	}
+	if d < s.cfg.MinTTL || d > s.cfg.MaxTTL {
+		return 0, &fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v is outside the allowed range %v to %v (--max-ttl)", d, s.cfg.MinTTL, s.cfg.MaxTTL)}
+	}
+	return d, nil
+}
+
+func scopeAndID(scope, leaseID string) (string, fence.LeaseID, error) {
+	if err := fence.ValidateScope(scope); err != nil {
+		return "", fence.LeaseID{}, err
+	}
+	id, err := fence.ParseLeaseID(leaseID)
+	return scope, id, err
+}
+
+// lease converts a state machine lease to the wire, with its time left.
+func (s *Server) lease(scope string, l fsm.Lease, withID bool) *fencev1.Lease {
+	fl := fence.Lease{
+		Scope: scope, Token: l.Token, ID: l.ID, Holder: l.Holder, TTL: l.TTL,
+		ExpiresIn: s.deadlines.left(scope, l.Token, time.Now()),
+	}
+	var granted time.Time
+	if l.GrantedAt != 0 {
+		granted = time.Unix(0, l.GrantedAt)
+	}
+	return wire.Lease(fl, granted, withID)
+}
+
+// outcomeError explains a result that is not the success the caller wanted.
+func (s *Server) outcomeError(r fsm.Result) error {
+	switch r.Outcome {
+	case fsm.Held:
+		return &fence.HeldError{Scope: r.Scope, Holder: r.Lease.Holder, Token: r.Lease.Token,
+			ExpiresIn: s.deadlines.left(r.Scope, r.Lease.Token, time.Now())}
+	case fsm.Lost:
+		reason := "it expired, was released or was superseded"
+		if r.Current != 0 && r.Current == r.Lease.Token {
+			reason = "its deadline passed and it is being expired"
+		}
+		return &fence.LostError{Scope: r.Scope, Token: r.Lease.Token, Current: r.Current, Reason: reason}
+	case fsm.NotHolder:
+		return fmt.Errorf("%w: scope %q has no lease with that ID", fence.ErrNotHolder, r.Scope)
+	case fsm.Exhausted:
+		return fmt.Errorf("%w: scope %q issued token %d, the maximum", fence.ErrTokensExhausted, r.Scope, uint64(fence.MaxToken))
+	case fsm.Invalid:
+		return r.Err
+	}
+	return fmt.Errorf("unexpected outcome %v for scope %q", r.Outcome, r.Scope)
+}

@@ -1,0 +1,314 @@
+// Package server is fenced: the lease service's RPC handlers, the stamping
+// of commands with time and lease IDs, and the leader-only expiry loop, on
+// top of a raftnode.Node.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/raftnode"
+)
+
+// maxRequestBytes bounds an API request body; the largest valid request is
+// well under 1 KiB.
+const maxRequestBytes = 64 << 10
+
+// Server is a running fenced. Its methods are safe for concurrent use.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	node      *raftnode.Node
+	deadlines *deadlines
+	waiters   waiters
+	ready     atomic.Bool // leader with a complete state: serving
+
+	http *http.Server
+	ln   net.Listener
+
+	mu         sync.Mutex // guards stopExpiry
+	stopExpiry context.CancelFunc
+	bg         sync.WaitGroup
+}
+
+// Start opens the data directory, starts Raft and serves the API on
+// cfg.Listen. It returns once the listener is bound; the server becomes
+// ready to grant once it is leader and has applied its whole log.
+func Start(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)}}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	s.ln = ln
+	node, err := raftnode.Open(raftnode.Config{
+		NodeID:    cfg.NodeID,
+		DataDir:   cfg.DataDir,
+		Logger:    cfg.Logger,
+		OnEvents:  s.onEvents,
+		OnRestore: func() { s.log.Info("state restored from snapshot") },
+		OnLeader:  s.onLeader,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.node = node
+
+	mux := http.NewServeMux()
+	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, connect.WithReadMaxBytes(maxRequestBytes)))
+	s.http = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		Protocols:         new(http.Protocols),
+	}
+	s.http.Protocols.SetHTTP1(true)
+	s.http.Protocols.SetUnencryptedHTTP2(true)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("serve", "err", err)
+		}
+	}()
+	s.log.Info("fenced started", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID)
+	return s, nil
+}
+
+// Addr returns the address the API listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Ready reports whether the server is leader and serving.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// Close stops serving, waits up to the context's deadline for requests in
+// flight, and closes Raft and the stores.
+func (s *Server) Close(ctx context.Context) error {
+	s.ready.Store(false)
+	err := s.http.Shutdown(ctx)
+	if err != nil {
+		s.http.Close()
+	}
+	s.mu.Lock()
+	if s.stopExpiry != nil {
+		s.stopExpiry()
+		s.stopExpiry = nil
+	}
+	s.mu.Unlock()
+	err = errors.Join(err, s.node.Close())
+	s.bg.Wait()
+	return err
+}
+
+// Run starts a server and serves until ctx is done, then shuts down
+// cleanly.
+func Run(ctx context.Context, cfg Config) error {
+	s, err := Start(cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	s.log.Info("fenced stopping")
+	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return s.Close(shut)
+}
+
+// onLeader runs on leadership changes. A new leader first applies its whole
+// log (Barrier), then gives every held lease a full TTL, then drops the
+// waiters of the previous term, and only then serves and expires.
+func (s *Server) onLeader(leader bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready.Store(false)
+	if s.stopExpiry != nil {
+		s.stopExpiry()
+		s.stopExpiry = nil
+	}
+	if !leader {
+		s.log.Info("lost leadership")
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopExpiry = cancel
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		if err := s.takeOffice(ctx); err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("taking office as leader", "err", err)
+			}
+			return
+		}
+		s.expireLoop(ctx)
+	}()
+}
+
+func (s *Server) takeOffice(ctx context.Context) error {
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.node.Barrier(bctx); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	var leases map[string]fsm.Lease
+	s.node.Read(func(st *fsm.State) { leases = st.Leases() })
+	s.deadlines.reset(leases, time.Now())
+	if _, err := s.node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: time.Now().UnixNano()}); err != nil {
+		return fmt.Errorf("promote: %w", err)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	s.ready.Store(true)
+	s.log.Info("leader ready", "held_leases", len(leases))
+	return nil
+}
+
+// expireLoop proposes Expire for every lease whose deadline passes, until
+// ctx is done.
+func (s *Server) expireLoop(ctx context.Context) {
+	const batch = 256
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		due, next := s.deadlines.due(time.Now(), batch)
+		var wg sync.WaitGroup
+		for _, d := range due {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.expire(ctx, d)
+			}()
+		}
+		wg.Wait()
+		if len(due) == batch {
+			continue
+		}
+		wait := time.Second
+		if !next.IsZero() {
+			wait = min(time.Until(next), wait)
+		}
+		timer.Reset(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-s.deadlines.wake:
+		}
+	}
+}
+
+func (s *Server) expire(ctx context.Context, d deadline) {
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := s.node.Apply(actx, fsm.Command{Op: fsm.OpExpire, Scope: d.scope, Token: d.token, At: time.Now().UnixNano()})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("expire failed; will retry", "scope", d.scope, "token", d.token, "err", err)
+		}
+		s.deadlines.retry(d.scope, d.token, time.Now().Add(100*time.Millisecond))
+	}
+}
+
+// onEvents runs in log order for every applied command's transitions.
+func (s *Server) onEvents(events []fsm.Event) {
+	now := time.Now()
+	serving := s.ready.Load()
+	for _, e := range events {
+		switch e.Kind {
+		case fsm.EventGranted:
+			s.deadlines.granted(e.Scope, e.Lease, now)
+		case fsm.EventReleased, fsm.EventExpired:
+			s.deadlines.ended(e.Scope, e.Lease.Token)
+		}
+		s.waiters.notify(e)
+		// While the log is replayed at start-up, the transitions are old
+		// news: log only what happens while serving.
+		if serving {
+			s.logEvent(e)
+		}
+	}
+}
+
+func (s *Server) logEvent(e fsm.Event) {
+	level := slog.LevelInfo
+	if e.Kind == fsm.EventCancelled {
+		level = slog.LevelDebug
+	}
+	s.log.LogAttrs(context.Background(), level, "lease "+e.Kind.String(),
+		slog.String("scope", e.Scope),
+		slog.Uint64("token", e.Lease.Token),
+		slog.String("lease_id", e.Lease.ID.String()),
+		slog.String("holder", e.Lease.Holder),
+		slog.Duration("ttl", e.Lease.TTL),
+	)
+}
+
+// waiters connects queued acquires to the grant that ends their wait.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string][]chan fsm.Event
+}
+
+// waitKey identifies a queued acquire: by request ID when it has one, so a
+// retry finds the grant of its first attempt, else by lease ID.
+func waitKey(scope string, l fsm.Lease) string {
+	if l.RequestID != "" {
+		return "r\x00" + scope + "\x00" + l.RequestID
+	}
+	return "i\x00" + l.ID.String()
+}
+
+func (w *waiters) add(key string) chan fsm.Event {
+	ch := make(chan fsm.Event, 1)
+	w.mu.Lock()
+	w.m[key] = append(w.m[key], ch)
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiters) remove(key string, ch chan fsm.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[key]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.m, key)
+	} else {
+		w.m[key] = list
+	}
+}
+
+func (w *waiters) notify(e fsm.Event) {
+	if e.Kind != fsm.EventGranted && e.Kind != fsm.EventCancelled {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.m[waitKey(e.Scope, e.Lease)] {
+		select {
+		case ch <- e:
+		default:
+		}
+	}
+}

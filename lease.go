@@ -1,0 +1,69 @@
+package fence
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+)
+
+// LeaseID is the random 128-bit identity of one grant. It proves who may
+// renew or release a lease; it says nothing about recency, which is what the
+// token is for. The zero LeaseID is never issued.
+type LeaseID [16]byte
+
+// NewLeaseID returns a random lease ID.
+func NewLeaseID() LeaseID {
+	var id LeaseID
+	for id.IsZero() {
+		_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
+	}
+	return id
+}
+
+// ParseLeaseID parses the 32 hexadecimal digits that LeaseID.String returns.
+func ParseLeaseID(s string) (LeaseID, error) {
+	var id LeaseID
+	if len(s) != 2*len(id) {
+		return LeaseID{}, invalid("lease_id", "%s is %d characters; want 32 hexadecimal digits", quoteShort(s), len(s))
+	}
+	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
+		return LeaseID{}, invalid("lease_id", "%s is not 32 hexadecimal digits", quoteShort(s))
+	}
+	if id.IsZero() {
+		return LeaseID{}, invalid("lease_id", "the zero ID is never issued")
+	}
+	return id, nil
+}
+
+// String returns the ID as 32 lowercase hexadecimal digits.
+func (id LeaseID) String() string { return hex.EncodeToString(id[:]) }
+
+// IsZero reports whether id is the zero value.
+func (id LeaseID) IsZero() bool { return id == LeaseID{} }
+
+// MarshalText implements encoding.TextMarshaler.
+func (id LeaseID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (id *LeaseID) UnmarshalText(b []byte) error {
+	v, err := ParseLeaseID(string(b))
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
+}
+
+// Lease describes one grant as the service reports it. It is a plain value;
+// the client's live handle is client.Lease.
+type Lease struct {
+	Scope     string
+	Token     uint64
+	ID        LeaseID // zero when the service does not disclose it (get, list)
+	Holder    string
+	TTL       time.Duration
+	ExpiresIn time.Duration // time left as the service saw it when it answered
+}
+
+// FencingToken returns the lease's token together with its scope.
+func (l Lease) FencingToken() Token { return Token{Scope: l.Scope, Value: l.Token} }
