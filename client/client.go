@@ -144,7 +144,7 @@ func (c *Client) Release(ctx context.Context, scope string, id fence.LeaseID) (u
 	ambiguous := false
 	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.ReleaseResponse], error) {
 		r, err := c.rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: scope, LeaseId: id.String()}))
-		if err != nil && errors.Is(wire.FromConnect(err), fence.ErrUnavailable) {
+		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
 			ambiguous = true
 		}
 		return r, err
@@ -217,7 +217,7 @@ func retry[T any](ctx context.Context, budget time.Duration, f func() (T, error)
 		if err == nil {
 			return v, nil
 		}
-		err = wire.FromConnect(err)
+		err = transient(ctx, err)
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return v, err
 		}
@@ -234,4 +234,16 @@ func retry[T any](ctx context.Context, budget time.Duration, f func() (T, error)
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// transient converts a call's error to fence's errors, and reports a broken
+// connection as fence.ErrUnavailable: connect-go calls a reset stream
+// "canceled" even when our context is still alive, and an answer cut off by
+// a crash "unknown".
+func transient(ctx context.Context, err error) error {
+	code := connect.CodeOf(err)
+	if (code == connect.CodeCanceled || code == connect.CodeUnknown) && ctx.Err() == nil {
+		return fmt.Errorf("%w: %v", fence.ErrUnavailable, err)
+	}
+	return wire.FromConnect(err)
 }

@@ -242,7 +242,7 @@ func (s *Server) outcomeError(r fsm.Result) error {
 		}
 		return &fence.LostError{Scope: r.Scope, Token: r.Lease.Token, Current: r.Current, Reason: reason}
 	case fsm.NotHolder:
-		return fmt.Errorf("%w: scope %q has no lease with that ID", fence.ErrNotHolder, r.Scope)
+		return fmt.Errorf("%w: scope %q has no current or recent lease with that ID (an old lease may have expired long ago)", fence.ErrNotHolder, r.Scope)
 	case fsm.Exhausted:
 		return fmt.Errorf("%w: scope %q issued token %d, the maximum", fence.ErrTokensExhausted, r.Scope, uint64(fence.MaxToken))
 	case fsm.Invalid:
