@@ -70,7 +70,11 @@ func Start(cfg Config) (*Server, error) {
 	s.node = node
 
 	mux := http.NewServeMux()
-	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, connect.WithReadMaxBytes(maxRequestBytes)))
+	mux.Handle(fencev1connect.NewLeaseServiceHandler(s,
+		connect.WithReadMaxBytes(maxRequestBytes),
+		// Compressing a 200-byte answer costs more than sending it.
+		connect.WithCompressMinBytes(4<<10),
+	))
 	s.http = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,0 +1,50 @@
+# fence's tasks. `make help` lists them.
+SHELL := bash
+GO ?= go
+TOOL := $(GO) tool -modfile=tools/go.mod
+FUZZTIME ?= 20s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: services
+services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on loopback
+	./scripts/services.sh
+
+.PHONY: test
+test: services ## run the whole test suite with the race detector
+	set -a && source scripts/services.env && set +a && $(GO) test -race -count=1 -timeout 20m ./...
+
+.PHONY: generate
+generate: ## regenerate the protobuf and connect code from api/
+	$(TOOL) buf generate
+
+.PHONY: checkgenerate
+checkgenerate: generate ## fail if the committed generated code is stale
+	git diff --exit-code -- api/
+
+.PHONY: lint
+lint: ## gofmt, go vet, staticcheck and buf lint
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: the files above need formatting"; exit 1; }
+	$(GO) vet ./...
+	$(TOOL) staticcheck ./...
+	$(TOOL) buf lint
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+.PHONY: bench
+bench: ## run the Go benchmarks (acquire+release and renew through a real server)
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./client/
+
+.PHONY: build
+build: ## build fenced and fencectl into bin/
+	$(GO) build -o bin/ ./cmd/...
