@@ -49,6 +49,19 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	if err != nil {
 		return nil, err
 	}
+	if a.wait {
+		// A queued grant happens long after the request was sent, at a
+		// moment this process cannot see; one renewal gives the local
+		// validity a send time that is known to precede the service's
+		// deadline.
+		sent = time.Now()
+		if _, err := c.Renew(ctx, scope, info.ID); err != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, _ = c.Release(rctx, scope, info.ID) // best effort: it would expire anyway
+			return nil, err
+		}
+	}
 	margin := a.margin
 	if margin == 0 {
 		margin = max(info.TTL/20, 5*time.Millisecond)
