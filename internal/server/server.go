@@ -153,11 +153,20 @@ func (s *Server) onLeader(leader bool) {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		if err := s.takeOffice(ctx); err != nil {
-			if ctx.Err() == nil {
-				s.log.Error("taking office as leader", "err", err)
+		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+			err := s.takeOffice(ctx)
+			if err == nil {
+				break
 			}
-			return
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Error("taking office as leader; will retry", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
 		}
 		s.expireLoop(ctx)
 	}()
