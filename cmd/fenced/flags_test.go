@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence/client"
+)
+
+func TestParseEnvAndFlags(t *testing.T) {
+	t.Setenv("FENCED_MAX_TTL", "1m")
+	t.Setenv("FENCED_LISTEN", "127.0.0.1:9999")
+	cfg, err := parse([]string{"--listen", "127.0.0.1:8888", "--data-dir", "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxTTL != time.Minute {
+		t.Errorf("max TTL from FENCED_MAX_TTL = %v, want 1m", cfg.MaxTTL)
+	}
+	if cfg.Listen != "127.0.0.1:8888" {
+		t.Errorf("listen = %q: the flag must win over the environment", cfg.Listen)
+	}
+	if cfg.DataDir != "d" {
+		t.Errorf("data dir = %q", cfg.DataDir)
+	}
+}
+
+func TestParseRejectsBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  [2]string
+		want string
+	}{
+		{args: []string{"--log-format", "yaml"}, want: "want text or json"},
+		{args: []string{"--log-level", "loud"}, want: "want debug, info, warn or error"},
+		{args: []string{"--max-ttl", "10ms"}, want: "max TTL"},
+		{args: []string{"--listen", "nohost"}, want: "listen address"},
+		{args: []string{"extra"}, want: "unexpected argument"},
+		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
+	} {
+		if tc.env[0] != "" {
+			t.Setenv(tc.env[0], tc.env[1])
+		}
+		_, err := parse(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parse(%q, env %v) = %v, want an error mentioning %q", tc.args, tc.env, err, tc.want)
+		}
+		if tc.env[0] != "" {
+			os.Unsetenv(tc.env[0])
+		}
+	}
+}
+
+// TestSIGTERMShutsDownCleanly checks that SIGTERM makes fenced exit 0 and
+// that its data dir opens again with its state.
+func TestSIGTERMShutsDownCleanly(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := startFenced(t, dir, addr)
+	c, err := client.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Grant(context.Background(), "term", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exit:
+	case <-time.After(20 * time.Second):
+		t.Fatal("fenced still running 20s after SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		b, _ := os.ReadFile(p.log)
+		t.Fatalf("exit code %d after SIGTERM\n%s", code, b)
+	}
+	startFenced(t, dir, addr)
+	st, err := c.Get(context.Background(), "term")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Lease == nil || st.Lease.Token != l.Token {
+		t.Fatalf("after a clean restart: %+v, want token %d held", st, l.Token)
+	}
+}
