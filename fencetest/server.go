@@ -21,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/fence-dev/fence/client"
@@ -32,8 +33,9 @@ type Server struct {
 	// Addr is the API's host:port on loopback.
 	Addr string
 
-	srv *server.Server
-	dir string
+	srv   *server.Server
+	dir   string
+	close sync.Once
 }
 
 // Option configures a Server.
@@ -87,10 +89,13 @@ func (s *Server) Client(opts ...client.Option) *client.Client {
 	return c
 }
 
-// Close stops the server and removes its data.
+// Close stops the server and removes its data. Calling it again does
+// nothing.
 func (s *Server) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s.srv.Close(ctx)
-	os.RemoveAll(s.dir)
+	s.close.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.srv.Close(ctx)
+		os.RemoveAll(s.dir)
+	})
 }
