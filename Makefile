@@ -15,7 +15,7 @@ services: ## install (Debian packages, when missing) and start PostgreSQL, Maria
 	./scripts/services.sh
 
 .PHONY: test
-test: services ## run the whole test suite with the race detector
+test: services lint checkgenerate ## lint, check generated code, run the whole test suite with the race detector
 	set -a && source scripts/services.env && set +a && $(GO) test -race -count=1 -timeout 20m ./...
 
 .PHONY: generate

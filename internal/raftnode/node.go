@@ -74,7 +74,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
 	logger := hclog.New(&hclog.LoggerOptions{
-		Name:   "raft",
+		Name:        "raft",
 		Level:       hclog.Warn,
 		Output:      slogWriter{cfg.Logger},
 		DisableTime: true,
