@@ -92,7 +92,7 @@ func (c *Client) Close() error {
 // *fence.HeldError.
 func (c *Client) Grant(ctx context.Context, scope string, opts ...AcquireOption) (fence.Lease, error) {
 	a := c.acquireConfig(opts)
-	l, _, err := c.grant(ctx, scope, a)
+	l, _, _, err := c.grant(ctx, scope, a)
 	return l, err
 }
 
@@ -110,21 +110,25 @@ func (c *Client) acquireConfig(opts []AcquireOption) acquireConfig {
 }
 
 // grant acquires and also returns the send time of the attempt that
-// succeeded, from which the lease's local validity counts.
-func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fence.Lease, time.Time, error) {
+// succeeded, from which the lease's local validity counts, and whether
+// earlier attempts were made: then the grant may be theirs, with a deadline
+// that started before that send time.
+func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fence.Lease, time.Time, bool, error) {
 	req := &fencev1.AcquireRequest{Scope: scope, Holder: a.holder, Wait: a.wait, RequestId: a.requestID}
 	if a.ttl != 0 {
 		req.Ttl = durationpb.New(a.ttl)
 	}
 	var sent time.Time
+	attempts := 0
 	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.AcquireResponse], error) {
+		attempts++
 		sent = time.Now()
 		return c.rpc.Acquire(ctx, connect.NewRequest(req))
 	})
 	if err != nil {
-		return fence.Lease{}, time.Time{}, fmt.Errorf("acquire %q: %w", scope, err)
+		return fence.Lease{}, time.Time{}, false, fmt.Errorf("acquire %q: %w", scope, err)
 	}
-	return wire.LeaseFrom(resp.Msg.Lease), sent, nil
+	return wire.LeaseFrom(resp.Msg.Lease), sent, attempts > 1, nil
 }
 
 // Renew extends a lease by its TTL once. The token does not change.

@@ -45,15 +45,17 @@ type Lease struct {
 // never takes two tokens.
 func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOption) (*Lease, error) {
 	a := c.acquireConfig(opts)
-	info, sent, err := c.grant(ctx, scope, a)
+	info, sent, retried, err := c.grant(ctx, scope, a)
 	if err != nil {
 		return nil, err
 	}
-	if a.wait {
-		// A queued grant happens long after the request was sent, at a
-		// moment this process cannot see; one renewal gives the local
-		// validity a send time that is known to precede the service's
-		// deadline.
+	if a.wait || retried {
+		// A queued grant happens long after the request was sent, and a
+		// retried acquire may get the grant of an earlier attempt, whose
+		// deadline started before the retry was sent: either way the
+		// grant's moment is one this process cannot see. One renewal
+		// gives the local validity a send time that is known to precede
+		// the service's deadline.
 		sent = time.Now()
 		if _, err := c.Renew(ctx, scope, info.ID); err != nil {
 			rctx, cancel := context.WithTimeout(context.Background(), time.Second)

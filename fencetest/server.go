@@ -45,8 +45,14 @@ type optionFunc func(*server.Config)
 
 func (f optionFunc) apply(c *server.Config) { f(c) }
 
-// WithMaxTTL sets the largest TTL the server grants (default 5m).
-func WithMaxTTL(d time.Duration) Option { return optionFunc(func(c *server.Config) { c.MaxTTL = d }) }
+// WithMaxTTL sets the largest TTL the server grants (default 5m). A
+// maximum below the 10s default TTL lowers the default to it.
+func WithMaxTTL(d time.Duration) Option {
+	return optionFunc(func(c *server.Config) {
+		c.MaxTTL = d
+		c.DefaultTTL = min(c.DefaultTTL, d)
+	})
+}
 
 // WithLogger sends the server's logs to l (default: discarded).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *server.Config) { c.Logger = l }) }

@@ -4,9 +4,11 @@
 package wire
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -60,7 +62,7 @@ func ToConnect(err error) *connect.Error {
 	case errors.As(err, &held):
 		addDetail(out, &fencev1.LeaseConflict{Scope: held.Scope, Holder: held.Holder, Token: held.Token, ExpiresIn: durationpb.New(held.ExpiresIn)})
 	case errors.As(err, &lost):
-		addDetail(out, &fencev1.LeaseConflict{Scope: lost.Scope, Token: lost.Current, LostToken: lost.Token})
+		addDetail(out, &fencev1.LeaseConflict{Scope: lost.Scope, Token: lost.Current, LostToken: lost.Token, Reason: lost.Reason})
 	}
 	return out
 }
@@ -99,25 +101,43 @@ func FromConnect(err error) error {
 		if field != nil {
 			return &fence.InvalidError{Field: field.Field, Reason: field.Description}
 		}
-		return fmt.Errorf("%w: %s", fence.ErrInvalid, msg)
+		return withSentinel(fence.ErrInvalid, msg)
 	case connect.CodeAborted:
 		if conflict != nil {
 			return &fence.HeldError{Scope: conflict.Scope, Holder: conflict.Holder, Token: conflict.Token, ExpiresIn: conflict.ExpiresIn.AsDuration()}
 		}
-		return fmt.Errorf("%w: %s", fence.ErrHeld, msg)
+		return withSentinel(fence.ErrHeld, msg)
 	case connect.CodeFailedPrecondition:
 		if conflict != nil {
-			return &fence.LostError{Scope: conflict.Scope, Token: conflict.LostToken, Current: conflict.Token, Reason: "no longer the current lease"}
+			return &fence.LostError{Scope: conflict.Scope, Token: conflict.LostToken, Current: conflict.Token, Reason: cmp.Or(conflict.Reason, "no longer the current lease")}
 		}
-		return fmt.Errorf("%w: %s", fence.ErrLeaseLost, msg)
+		return withSentinel(fence.ErrLeaseLost, msg)
 	}
 	for _, c := range codes {
 		if c.code == ce.Code() {
-			return fmt.Errorf("%w: %s", c.err, msg)
+			return withSentinel(c.err, msg)
 		}
 	}
 	return err
 }
+
+// withSentinel returns an error that matches sentinel and reads as the
+// service's message, naming the sentinel only if the message does not.
+func withSentinel(sentinel error, msg string) error {
+	if strings.Contains(msg, sentinel.Error()) {
+		return &wireError{msg: msg, sentinel: sentinel}
+	}
+	return fmt.Errorf("%w: %s", sentinel, msg)
+}
+
+// wireError is an error the service described in full.
+type wireError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *wireError) Error() string { return e.msg }
+func (e *wireError) Unwrap() error { return e.sentinel }
 
 // Lease converts a lease record to its wire form. withID controls whether
 // the lease ID is disclosed: only to the holder.

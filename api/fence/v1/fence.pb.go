@@ -703,7 +703,9 @@ type LeaseConflict struct {
 	Token     uint64               `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	ExpiresIn *durationpb.Duration `protobuf:"bytes,4,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
 	// For FAILED_PRECONDITION: the token of the caller's lost lease.
-	LostToken     uint64 `protobuf:"varint,5,opt,name=lost_token,json=lostToken,proto3" json:"lost_token,omitempty"`
+	LostToken uint64 `protobuf:"varint,5,opt,name=lost_token,json=lostToken,proto3" json:"lost_token,omitempty"`
+	// For FAILED_PRECONDITION: why the lease is no longer current.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +773,13 @@ func (x *LeaseConflict) GetLostToken() uint64 {
 		return x.LostToken
 	}
 	return 0
+}
+
+func (x *LeaseConflict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // FieldViolation is the detail of INVALID_ARGUMENT errors.
@@ -879,7 +888,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"_\n" +
 	"\fListResponse\x12'\n" +
 	"\x06leases\x18\x01 \x03(\v2\x0f.fence.v1.LeaseR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xac\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc4\x01\n" +
 	"\rLeaseConflict\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
@@ -887,7 +896,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\n" +
 	"expires_in\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12\x1d\n" +
 	"\n" +
-	"lost_token\x18\x05 \x01(\x04R\tlostToken\"H\n" +
+	"lost_token\x18\x05 \x01(\x04R\tlostToken\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"H\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription2\xbd\x02\n" +

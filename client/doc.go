@@ -1,0 +1,132 @@
+// Package client is the Go client of fenced, the fence lease service. It
+// acquires, renews and releases leases, and keeps a [Lease] alive in the
+// background while telling its holder as soon as it can no longer be sure
+// it holds its scope.
+//
+// A lease decides who owns a scope for a bounded time; the fencing token
+// that comes with it is what makes writes safe. Expiry does not stop a
+// paused process or a delayed packet, so a lease on its own cannot keep an
+// old holder from writing. Present [Lease.Token] with every write to the
+// protected resource, where a guard refuses any token older than the newest
+// it has accepted.
+//
+// # Usage
+//
+// Create one [Client] per service and share it; it is safe for concurrent
+// use. Acquire a lease, do the work under its context, send its token with
+// every write, and release it when done:
+//
+//	c, err := client.New("127.0.0.1:7480", client.WithHolder("worker-3@host"))
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Close()
+//
+//	lease, err := c.Acquire(ctx, "orders/shard-7", client.WithTTL(10*time.Second))
+//	var held *fence.HeldError
+//	if errors.As(err, &held) {
+//		return fmt.Errorf("%s holds it with token %d", held.Holder, held.Token)
+//	} else if err != nil {
+//		return err
+//	}
+//	defer lease.Release(context.WithoutCancel(ctx))
+//
+//	err = writeOrder(lease.Context(), lease.Token(), order)
+//	if errors.Is(err, fence.ErrStale) {
+//		lease.MarkLost(err) // a newer holder exists: stop, never retry with this token
+//	}
+//
+// [Client.Acquire] returns a *[Lease] that keeps itself alive: it renews at
+// about a third of its TTL and watches its own validity. [Client.Grant]
+// acquires once and returns a plain [fence.Lease]; nothing renews it, so
+// the caller must call [Client.Renew] within each TTL and [Client.Release]
+// at the end, by scope and lease ID. Grant suits programs that run their
+// own timers or hand the lease ID to another process; most programs want
+// Acquire. Both answer a held scope with a *[fence.HeldError] naming the
+// holder, its token and its time left, unless [WithWait] is given: then
+// the acquire waits in line behind the holder, first come first served,
+// until it is granted or its context ends. A waiter whose context ends
+// leaves the queue and gets an error that matches the context's error
+// (context.DeadlineExceeded or context.Canceled); give waits a deadline.
+//
+// # What a Lease guarantees
+//
+// A Lease counts itself valid until the send time of its last confirmed
+// renewal (at first, of its acquire) plus the TTL, minus a drift margin
+// ([WithDriftMargin], by default a twentieth of the TTL and at least 5ms),
+// measured on this process's monotonic clock; [Lease.ValidUntil] reports
+// that instant. The service starts a lease's deadline when it processes the
+// request, after it was sent, so the lease gives up its authority before
+// the service can expire it and grant the scope to someone else, as long as
+// the two clocks advance at rates that differ by less than the margin.
+//
+// The lease reports itself lost, once and for good, when the first of these
+// happens: its local validity runs out without a newer confirmed renewal
+// (for example because the service cannot be reached); the service answers
+// that it is no longer the current lease (it expired, or was released or
+// superseded); its holder calls [Lease.MarkLost]; or it is released. Then
+// [Lease.Done] is closed, [Lease.Context] is cancelled with the reason as
+// its cause (context.Cause), and [Lease.Err] returns that reason, an error
+// that matches [fence.ErrLeaseLost]. A lost lease never comes back: acquire
+// a new one, which starts a new epoch with a greater token.
+//
+// Run the lease's work under [Lease.Context] so it stops when authority
+// ends, and call [Lease.MarkLost] when a guard rejects the token as stale:
+// a newer holder has written, and this lease must stop acting. MarkLost
+// does not release the scope at the service, because a newer holder may
+// already own it; the lease simply stops renewing. Never retry a write that
+// a guard rejected with the same token: it can never succeed, and this
+// package never does it for you. Acquire again and write with the new,
+// greater token.
+//
+// # Errors
+//
+// Errors match fence's sentinels with errors.Is: [fence.ErrHeld] (a
+// *[fence.HeldError]), [fence.ErrLeaseLost] (often a *[fence.LostError] with
+// the scope's current token), [fence.ErrNotHolder] (a lease ID the service
+// does not know for that scope), [fence.ErrInvalid] (a *[fence.InvalidError] naming the
+// rejected field), [fence.ErrTokensExhausted] and [fence.ErrUnavailable].
+//
+// # Retries
+//
+// Every call is retried while the service is unreachable or has no leader
+// ([fence.ErrUnavailable]), with exponential backoff and jitter, until it
+// succeeds, its context ends, or [WithRetryTimeout] (10s by default)
+// passes. Retries of one acquire carry the same request ID, so the service
+// answers a retry with the grant of an earlier attempt instead of issuing a
+// second token. [WithRequestID] sets the ID, so that a caller's own retry
+// of an acquire is recognised as well: while that grant is current the
+// same request ID returns it again (same token, same lease ID), and once it
+// has ended the request ID answers [fence.ErrLeaseLost], never a new token.
+// Renewals and releases are retried too: renewing is idempotent, and a
+// release retried after an attempt whose answer was cut off reports
+// success if the lease turns out to be no longer current.
+//
+// # Caveats
+//
+// A valid Lease does not make a write safe on its own: authority can end
+// between a check of [Lease.Err] and the write reaching the resource. Only
+// a guard that compares tokens next to the side effect makes it safe;
+// checking the lease first only saves work that would be refused.
+//
+// A process that is paused (garbage collection, SIGSTOP, a frozen virtual
+// machine) notices a lost lease only when it runs again; until its next
+// timer fires, Err may still return nil after the deadline has passed. Its
+// stale writes are stopped by the guard, not by the lease.
+//
+// The service remembers request IDs only for a scope's few most recent
+// grants. Use a request ID for the retries of one acquire, never as a
+// standing name for a holder.
+//
+// Releasing a lease that is already lost, including after MarkLost, does
+// not contact the service and returns the reason it was lost. If the
+// service still counts that lease current, the scope stays held until its
+// TTL runs out.
+//
+// Every acquire asks for a TTL: 10s unless [WithTTL] says otherwise. A
+// service whose maximum TTL is lower refuses an acquire without WithTTL
+// with a *[fence.InvalidError] for the field "ttl".
+//
+// New accepts one address; clients of a replicated service cannot yet list
+// several nodes.
+package client

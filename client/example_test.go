@@ -1,0 +1,116 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/fencetest"
+)
+
+func ExampleClient_Acquire() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	lease, err := c.Acquire(ctx, "orders", client.WithHolder("worker-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Send the token with every write to the protected resource, and do
+	// the work under lease.Context(), which ends when authority does.
+	fmt.Println(lease.Token())
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// fence:v1:orders:1
+}
+
+func ExampleClient_Acquire_held() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	first, err := c.Acquire(ctx, "orders", client.WithHolder("worker-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer first.Release(ctx)
+
+	_, err = c.Acquire(ctx, "orders", client.WithHolder("worker-2"))
+	var held *fence.HeldError
+	if errors.As(err, &held) {
+		fmt.Printf("held by %s with token %d\n", held.Holder, held.Token)
+	}
+	// Output:
+	// held by worker-1 with token 1
+}
+
+func ExampleLease_MarkLost() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	lease, err := c.Acquire(ctx, "orders", client.WithHolder("worker-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A guard refused a write with this lease's token: a newer holder has
+	// written. Stop acting on the lease, and never retry that write with
+	// the same token.
+	lease.MarkLost(fmt.Errorf("write order 17: %w", fence.ErrStale))
+
+	fmt.Println("lost:", errors.Is(lease.Err(), fence.ErrLeaseLost))
+	select {
+	case <-lease.Done():
+		fmt.Println("done: closed")
+	default:
+		fmt.Println("done: open")
+	}
+	// Releasing a lost lease only returns why it was lost.
+	fmt.Println("release is lost:", errors.Is(lease.Release(ctx), fence.ErrLeaseLost))
+	// Output:
+	// lost: true
+	// done: closed
+	// release is lost: true
+}
+
+func ExampleClient_Get() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	lease, err := c.Acquire(ctx, "orders/shard-7", client.WithHolder("worker-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	st, err := c.Get(ctx, "orders/shard-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("held by %s, token %d, last token %d\n", st.Lease.Holder, st.Lease.Token, st.LastToken)
+
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	st, err = c.Get(ctx, "orders/shard-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("free: %t, last token %d\n", st.Lease == nil, st.LastToken)
+	// Output:
+	// held by worker-1, token 1, last token 1
+	// free: true, last token 1
+}
