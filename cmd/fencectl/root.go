@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+)
+
+// Exit statuses. exec also exits with its command's own status.
+const (
+	exitOK        = 0
+	exitError     = 1   // anything else that went wrong
+	exitUsage     = 2   // bad flags or arguments, or a request the service rejected as invalid
+	exitHeld      = 3   // the scope is held by another lease
+	exitLeaseLost = 4   // exec: the command was stopped because its lease was lost
+	exitCannotRun = 126 // exec: the command was found but could not be started
+	exitNotFound  = 127 // exec: the command was not found
+)
+
+const rootLong = `fencectl talks to a fenced lease service.
+
+A lease gives one holder authority over a scope (a name such as orders or
+orders/shard-7) for a TTL. Every grant carries a fencing token, greater than
+every earlier token of the scope: present it with each write, so the resource
+can refuse writes from an older holder. The lease ID proves who may renew or
+release a lease; the token proves recency.
+
+Output:
+  -o text (the default) is for people.
+  -o json prints exactly one JSON object on stdout, on one line, for scripts.
+  A lease has the fields scope, token, token_text, lease_id (acquire and
+  renew only: the service tells it only to the holder), holder, ttl_ms and
+  expires_in_ms. get adds held, last_token and waiters; list prints
+  {"prefix": PREFIX, "leases": [LEASE, ...]}. A failure prints
+    {"error": MESSAGE, "code": CODE, "exit_status": N}
+  with CODE one of usage, invalid, held, lease_lost, not_holder, unavailable,
+  timeout, interrupted, tokens_exhausted, error; a held error adds scope,
+  holder, token and expires_in_ms of the lease in the way.
+  Errors always also go to stderr as "fencectl: MESSAGE".
+  exec never writes to stdout: stdout belongs to its command.
+
+Exit status:
+  0    success
+  1    error: the service is unreachable, the lease is lost or not yours,
+       a timeout, an interrupt
+  2    usage error: bad flags or arguments, a malformed scope, lease ID or
+       TTL, or a request the service rejected as invalid (such as a --ttl
+       above its --max-ttl)
+  3    the scope is held by another lease; the message names its holder,
+       its token and its time left
+  exec exits with its command's status (128+N if the command was killed by
+  signal N), or:
+  4    the command was stopped because the lease was lost
+  126  the command could not be started
+  127  the command was not found
+
+Environment:
+  FENCE_ADDR  the service's address, when --addr is not given`
+
+const rootExample = `  # Take a lease by hand, renew it within its TTL, release it.
+  fencectl acquire orders --holder alice --ttl 30s
+  fencectl renew orders --lease 9f86d081884c7d659a2feaa0c55ad015
+  fencectl release orders --lease 9f86d081884c7d659a2feaa0c55ad015
+
+  # Who holds what.
+  fencectl get orders
+  fencectl list orders/
+
+  # Run a job only while holding the lease; it reads $FENCE_TOKEN.
+  fencectl exec orders --wait -- ./nightly-export.sh`
+
+// app holds what every command shares: the global flags and the process's
+// standard streams. It is used by one command run at a time.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	addr    string // --addr
+	output  string // --output: "text" or "json"
+	started bool   // a command's RunE began: its errors are not usage errors
+}
+
+// execute runs fencectl with args and returns its exit status.
+func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, output: "text"}
+	root := a.newRootCmd()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
+	}
+	return a.fail(cmd, err)
+}
+
+func (a *app) newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "fencectl",
+		Short:         "Acquire, inspect and release fence leases; run a command under a lease",
+		Long:          rootLong,
+		Example:       rootExample,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if a.output != "text" && a.output != "json" {
+				bad := a.output
+				a.output = "text"
+				return usageErrorf("--output %q: want text or json", bad)
+			}
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	addr := client.DefaultAddr
+	if v, ok := os.LookupEnv("FENCE_ADDR"); ok && v != "" {
+		addr = v
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.addr, "addr", addr, "the fenced service's host:port or http:// URL (env FENCE_ADDR)")
+	pf.StringVarP(&a.output, "output", "o", "text", "output format: text (for people) or json (one object on stdout, for scripts)")
+
+	root.AddCommand(
+		a.newAcquireCmd(),
+		a.newRenewCmd(),
+		a.newReleaseCmd(),
+		a.newGetCmd(),
+		a.newListCmd(),
+		a.newExecCmd(),
+	)
+	return root
+}
+
+// run wraps a command's body: from here on its errors are not usage
+// errors unless it says so.
+func (a *app) run(f func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		a.started = true
+		return f(cmd, args)
+	}
+}
+
+// client returns a client of --addr.
+func (a *app) client() (*client.Client, error) {
+	c, err := client.New(a.addr)
+	if err != nil {
+		return nil, usageErrorf("--addr: %v", err)
+	}
+	return c, nil
+}
+
+// usageError is a mistake in the command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// usage marks err, typically a *fence.InvalidError from local validation,
+// as a usage error.
+func usage(err error) error { return &usageError{err} }
+
+// statusError ends fencectl with a given exit status. A nil err prints
+// nothing: exec passing on its command's status.
+type statusError struct {
+	code int
+	name string // the JSON error code
+	err  error
+}
+
+func (e *statusError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *statusError) Unwrap() error { return e.err }
+
+// exactArgs accepts exactly the named positional arguments.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) < len(names):
+			return usageErrorf("missing %s", names[len(args)])
+		case len(args) > len(names):
+			return usageErrorf("unexpected argument %q", args[len(names)])
+		}
+		return nil
+	}
+}
+
+// checkTTL rejects TTLs the service could only misread: zero would mean
+// "the service's default", which a person typing --ttl 0 did not mean.
+func checkTTL(d time.Duration) error {
+	if d <= 0 {
+		return usageErrorf("--ttl %v: want a positive duration such as 10s", d)
+	}
+	return nil
+}
+
+// classify maps an error to an exit status and a JSON error code.
+func (a *app) classify(err error) (int, string) {
+	var se *statusError
+	var ue *usageError
+	switch {
+	case errors.As(err, &se):
+		return se.code, se.name
+	case errors.As(err, &ue), !a.started:
+		return exitUsage, "usage"
+	case errors.Is(err, fence.ErrInvalid):
+		return exitUsage, "invalid"
+	case errors.Is(err, fence.ErrHeld):
+		return exitHeld, "held"
+	case errors.Is(err, fence.ErrLeaseLost):
+		return exitError, "lease_lost"
+	case errors.Is(err, fence.ErrNotHolder):
+		return exitError, "not_holder"
+	case errors.Is(err, fence.ErrTokensExhausted):
+		return exitError, "tokens_exhausted"
+	case errors.Is(err, fence.ErrUnavailable):
+		return exitError, "unavailable"
+	case errors.Is(err, context.DeadlineExceeded):
+		return exitError, "timeout"
+	case errors.Is(err, context.Canceled):
+		return exitError, "interrupted"
+	}
+	return exitError, "error"
+}
+
+// fail reports err and returns the exit status for it.
+func (a *app) fail(cmd *cobra.Command, err error) int {
+	code, name := a.classify(err)
+	var se *statusError
+	if errors.As(err, &se) && se.err == nil {
+		return code
+	}
+	fmt.Fprintf(a.stderr, "fencectl: %v\n", err)
+	if name == "usage" && cmd != nil {
+		fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
+	if a.output == "json" && (cmd == nil || cmd.Name() != "exec") {
+		a.writeJSON(errorOut(err, name, code))
+	}
+	return code
+}
