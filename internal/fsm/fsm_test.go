@@ -27,7 +27,9 @@ func rel(scope string, l byte) Command { return Command{Op: OpRelease, Scope: sc
 func exp(scope string, tok uint64) Command {
 	return Command{Op: OpExpire, Scope: scope, Token: tok}
 }
-func cancelCmd(scope string, l byte) Command { return Command{Op: OpCancel, Scope: scope, LeaseID: id(l)} }
+func cancelCmd(scope string, l byte) Command {
+	return Command{Op: OpCancel, Scope: scope, LeaseID: id(l)}
+}
 
 // step is one command and what it must do.
 type step struct {
