@@ -1,0 +1,139 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/fence-dev/fence"
+)
+
+// Write is what a writer presents: its token and, optionally, a sequence
+// number that orders its writes inside one epoch (0 means none).
+type Write struct {
+	Token fence.Token
+	Seq   uint64
+}
+
+// Mark is the highest write a scope has accepted.
+type Mark struct {
+	Token uint64
+	Seq   uint64
+}
+
+// StaleError reports a write refused because its scope already accepted a
+// newer one. It unwraps to fence.ErrStale; the writer's lease is lost and
+// retrying with the same token can never succeed.
+type StaleError struct {
+	Scope        string
+	Presented    uint64 // the refused token
+	Highest      uint64 // the highest token accepted
+	PresentedSeq uint64 // sequence numbers, when the write carried one
+	HighestSeq   uint64
+}
+
+func (e *StaleError) Error() string {
+	if e.Presented == e.Highest {
+		return fmt.Sprintf("stale write to %q: token %d sequence %d is not after sequence %d", e.Scope, e.Presented, e.PresentedSeq, e.HighestSeq)
+	}
+	return fmt.Sprintf("stale fencing token for %q: token %d was superseded by token %d", e.Scope, e.Presented, e.Highest)
+}
+
+func (e *StaleError) Unwrap() error { return fence.ErrStale }
+
+// Check applies the rule to a scope's highest mark: it returns a
+// *StaleError if w is older than highest, and nil if w may be applied
+// (after which w's mark becomes the highest). With strict, a write with a
+// sequence number must also be strictly after the highest sequence of its
+// epoch: the same or a lower sequence under the same token is stale.
+func Check(scope string, highest Mark, w Write, strict bool) error {
+	t := w.Token.Value
+	stale := t < highest.Token
+	if t == highest.Token && w.Seq != 0 {
+		stale = w.Seq < highest.Seq || strict && w.Seq == highest.Seq
+	}
+	if stale {
+		return &StaleError{Scope: scope, Presented: t, Highest: highest.Token, PresentedSeq: w.Seq, HighestSeq: highest.Seq}
+	}
+	return nil
+}
+
+// Next returns the mark after accepting w over highest.
+func Next(highest Mark, w Write) Mark {
+	if w.Token.Value > highest.Token {
+		return Mark{Token: w.Token.Value, Seq: w.Seq}
+	}
+	return Mark{Token: highest.Token, Seq: max(highest.Seq, w.Seq)}
+}
+
+// Store is the durable record of each scope's highest accepted mark.
+// Implementations must be safe for concurrent use.
+type Store interface {
+	// Fence checks w against its scope's highest mark with Check. If w is
+	// stale it returns the *StaleError and does not call apply. Otherwise
+	// it calls apply and, if apply succeeds, records Next(highest, w).
+	// Check, apply and record are one atomic step: Fence calls for one
+	// scope never interleave, and if apply fails the record is unchanged.
+	Fence(ctx context.Context, w Write, strict bool, apply func(ctx context.Context) error) error
+}
+
+// Guard checks writes against a Store for the scopes it protects. It is
+// safe for concurrent use.
+type Guard struct {
+	store  Store
+	strict bool
+	log    *slog.Logger
+}
+
+// Option configures a Guard.
+type Option interface{ apply(*Guard) }
+
+type optionFunc func(*Guard)
+
+func (f optionFunc) apply(g *Guard) { f(g) }
+
+// WithStrictSequence refuses, inside one epoch, a write whose sequence
+// number is not greater than the last accepted one: the "two concurrent
+// mutations with token 12" case. Writes without a sequence number are
+// ordered by token alone.
+func WithStrictSequence() Option { return optionFunc(func(g *Guard) { g.strict = true }) }
+
+// WithLogger logs every stale rejection to l (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(g *Guard) { g.log = l }) }
+
+// New returns a Guard over store.
+func New(store Store, opts ...Option) *Guard {
+	g := &Guard{store: store, log: slog.Default()}
+	for _, o := range opts {
+		o.apply(g)
+	}
+	return g
+}
+
+// ErrWrongScope reports a token of one scope presented to a resource of
+// another. It wraps fence.ErrInvalid.
+var ErrWrongScope = fmt.Errorf("%w: token is for another scope", fence.ErrInvalid)
+
+// Fence runs apply if w is a current write for scope: its token must be of
+// that scope (else ErrWrongScope) and not stale (else *StaleError). apply
+// runs inside the store's atomic section for the scope.
+func (g *Guard) Fence(ctx context.Context, scope string, w Write, apply func(ctx context.Context) error) error {
+	if w.Token.Scope != scope {
+		return fmt.Errorf("%w: %s presented for scope %q", ErrWrongScope, w.Token, scope)
+	}
+	if w.Token.Value == 0 || w.Token.Value > fence.MaxToken {
+		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", w.Token.Value, uint64(fence.MaxToken))}
+	}
+	err := g.store.Fence(ctx, w, g.strict, apply)
+	var stale *StaleError
+	if errors.As(err, &stale) {
+		g.log.LogAttrs(ctx, slog.LevelWarn, "stale write rejected",
+			slog.String("scope", stale.Scope),
+			slog.Uint64("presented_token", stale.Presented),
+			slog.Uint64("highest_token", stale.Highest),
+			slog.Uint64("presented_seq", stale.PresentedSeq),
+		)
+	}
+	return err
+}

@@ -1,0 +1,189 @@
+// Package guardtest is the conformance suite every guard.Store must pass,
+// in the manner of testing/fstest: call Run from a test of the store's own
+// package with a way to open (and, for durable stores, reopen) it.
+package guardtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+)
+
+// Harness tells Run how to get stores.
+type Harness struct {
+	// Open returns a new, empty store. Run calls it once per subtest; scope
+	// names are unique to each subtest, so stores may share a backend.
+	Open func(t *testing.T) guard.Store
+	// Reopen closes s and opens the same data again, as after a restart of
+	// the guarded resource. Nil for a store that does not survive restarts
+	// (guard.MemoryStore).
+	Reopen func(t *testing.T, s guard.Store) guard.Store
+}
+
+var unique struct {
+	mu sync.Mutex
+	n  int
+}
+
+// scope returns a scope name no other subtest of this process uses.
+func scope(t *testing.T) string {
+	unique.mu.Lock()
+	defer unique.mu.Unlock()
+	unique.n++
+	return fmt.Sprintf("guardtest/%d/%d", rand.Uint32(), unique.n)
+}
+
+func tok(scope string, v uint64) guard.Write {
+	return guard.Write{Token: fence.Token{Scope: scope, Value: v}}
+}
+
+// write fences one write, recording whether apply ran.
+func write(t *testing.T, s guard.Store, w guard.Write, strict bool) (applied bool, err error) {
+	t.Helper()
+	err = s.Fence(context.Background(), w, strict, func(context.Context) error {
+		applied = true
+		return nil
+	})
+	if err != nil && applied {
+		t.Fatalf("Fence(%v) returned %v after calling apply", w, err)
+	}
+	return applied, err
+}
+
+func mustAccept(t *testing.T, s guard.Store, w guard.Write, strict bool) {
+	t.Helper()
+	if applied, err := write(t, s, w, strict); err != nil || !applied {
+		t.Fatalf("write token %d seq %d: applied %v, err %v; want accepted", w.Token.Value, w.Seq, applied, err)
+	}
+}
+
+func mustRefuse(t *testing.T, s guard.Store, w guard.Write, strict bool, highest uint64) {
+	t.Helper()
+	applied, err := write(t, s, w, strict)
+	var stale *guard.StaleError
+	if applied || !errors.As(err, &stale) || !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("write token %d seq %d: applied %v, err %v; want a StaleError", w.Token.Value, w.Seq, applied, err)
+	}
+	if stale.Scope != w.Token.Scope || stale.Presented != w.Token.Value || stale.Highest != highest {
+		t.Fatalf("StaleError %+v, want scope %q presented %d highest %d", stale, w.Token.Scope, w.Token.Value, highest)
+	}
+}
+
+// Run runs the conformance suite.
+func Run(t *testing.T, h Harness) {
+	t.Run("Order", func(t *testing.T) {
+		s, sc := h.Open(t), scope(t)
+		mustAccept(t, s, tok(sc, 41), false)
+		mustAccept(t, s, tok(sc, 42), false)
+		mustRefuse(t, s, tok(sc, 41), false, 42)
+		mustAccept(t, s, tok(sc, 42), false) // the current epoch may write again
+		mustRefuse(t, s, tok(sc, 1), false, 42)
+		mustAccept(t, s, tok(sc, fence.MaxToken), false)
+		mustRefuse(t, s, tok(sc, fence.MaxToken-1), false, fence.MaxToken)
+	})
+	t.Run("ScopesAreIndependent", func(t *testing.T) {
+		s, a, b := h.Open(t), scope(t), scope(t)
+		mustAccept(t, s, tok(a, 100), false)
+		mustAccept(t, s, tok(b, 1), false)
+		mustRefuse(t, s, tok(a, 99), false, 100)
+	})
+	t.Run("FailedApplyRecordsNothing", func(t *testing.T) {
+		s, sc := h.Open(t), scope(t)
+		mustAccept(t, s, tok(sc, 10), false)
+		boom := errors.New("boom")
+		err := s.Fence(context.Background(), tok(sc, 50), false, func(context.Context) error { return boom })
+		if !errors.Is(err, boom) {
+			t.Fatalf("Fence with a failing apply = %v, want the apply's error", err)
+		}
+		mustAccept(t, s, tok(sc, 45), false)
+	})
+	t.Run("Sequence", func(t *testing.T) {
+		s, sc := h.Open(t), scope(t)
+		seq := func(v, n uint64) guard.Write { w := tok(sc, v); w.Seq = n; return w }
+		mustAccept(t, s, seq(12, 1), false)
+		mustAccept(t, s, seq(12, 2), false)
+		mustAccept(t, s, seq(12, 2), false) // not strict: the same sequence passes
+		mustRefuse(t, s, seq(12, 1), false, 12)
+		strict := scope(t)
+		sseq := func(v, n uint64) guard.Write { w := tok(strict, v); w.Seq = n; return w }
+		mustAccept(t, s, sseq(12, 1), true)
+		mustAccept(t, s, sseq(12, 2), true)
+		mustRefuse(t, s, sseq(12, 2), true, 12)
+		mustRefuse(t, s, sseq(12, 1), true, 12)
+		mustAccept(t, s, sseq(13, 1), true) // a new epoch starts its own sequence
+		mustRefuse(t, s, sseq(12, 9), true, 13)
+	})
+	t.Run("Concurrent", func(t *testing.T) { concurrent(t, h.Open(t)) })
+	if h.Reopen != nil {
+		t.Run("SurvivesRestart", func(t *testing.T) {
+			s, sc := h.Open(t), scope(t)
+			mustAccept(t, s, tok(sc, 42), false)
+			s = h.Reopen(t, s)
+			mustRefuse(t, s, tok(sc, 41), false, 42)
+			mustAccept(t, s, tok(sc, 42), false)
+		})
+	}
+}
+
+// concurrent has many goroutines present random older and newer tokens for
+// a few scopes at once. The writes each scope applied must be in
+// non-decreasing token order, and the last one must carry the highest
+// token presented: invariant 6 under interleavings.
+func concurrent(t *testing.T, s guard.Store) {
+	const (
+		workers = 32
+		writes  = 50
+		scopes  = 3
+	)
+	names := make([]string, scopes)
+	for i := range names {
+		names[i] = scope(t)
+	}
+	var (
+		mu        sync.Mutex
+		applied   = map[string][]uint64{}
+		presented = map[string]uint64{}
+		wg        sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range writes {
+				sc := names[rand.IntN(scopes)]
+				v := uint64(1 + rand.IntN(100))
+				mu.Lock()
+				presented[sc] = max(presented[sc], v)
+				mu.Unlock()
+				err := s.Fence(context.Background(), tok(sc, v), false, func(context.Context) error {
+					mu.Lock()
+					applied[sc] = append(applied[sc], v)
+					mu.Unlock()
+					return nil
+				})
+				if err != nil && !errors.Is(err, fence.ErrStale) {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, sc := range names {
+		log := applied[sc]
+		for i := 1; i < len(log); i++ {
+			if log[i] < log[i-1] {
+				t.Fatalf("%s: applied token %d after %d", sc, log[i], log[i-1])
+			}
+		}
+		if len(log) > 0 && log[len(log)-1] != presented[sc] {
+			t.Fatalf("%s: last applied token %d, but %d was presented", sc, log[len(log)-1], presented[sc])
+		}
+	}
+}
