@@ -1,0 +1,141 @@
+// Package boltguard keeps the highest accepted fencing tokens in a bbolt
+// file, for custom services that keep their data there too: the token check
+// and the service's writes commit in one bbolt transaction, so a restart of
+// the service cannot forget a token it accepted.
+//
+// # Usage
+//
+//	s, err := boltguard.Open("data.db")
+//	err = s.Update(ctx, guard.Write{Token: tok}, false, func(tx *bbolt.Tx) error {
+//		return tx.Bucket([]byte("orders")).Put(key, value)
+//	})
+//
+// # Caveats
+//
+// bbolt has one writer at a time, so fenced writes to every scope of one
+// file are serialised, each with its own fsync. The marks live in the bucket
+// named by Bucket; do not write to it.
+package boltguard
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/fence-dev/fence/guard"
+)
+
+// Bucket holds one 16-byte mark (token, sequence; big-endian) per scope.
+const Bucket = "fence_tokens"
+
+// Store is a guard.Store over a bbolt database. It is safe for concurrent
+// use.
+type Store struct {
+	db    *bbolt.DB
+	owned bool // Close closes db
+}
+
+// Open opens (creating if needed) the bbolt file at path.
+func Open(path string) (*Store, error) {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("boltguard: open %s: %w", path, err)
+	}
+	s, err := New(db)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// New uses an open database, so the guarded data and the marks share its
+// transactions. Close does not close db.
+func New(db *bbolt.DB) (*Store, error) {
+	err := db.Update(func(tx *bbolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists([]byte(Bucket))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltguard: create bucket: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// DB returns the underlying database.
+func (s *Store) DB() *bbolt.DB { return s.db }
+
+// Close closes the database if Open opened it.
+func (s *Store) Close() error {
+	if s.owned {
+		return s.db.Close()
+	}
+	return nil
+}
+
+// Update runs fn in a read-write transaction after checking w against its
+// scope's highest mark and advancing it: a stale w returns a
+// *guard.StaleError and fn does not run; if fn fails, the transaction and
+// with it the mark roll back.
+func (s *Store) Update(ctx context.Context, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(Bucket))
+		if b == nil {
+			return errors.New("boltguard: the fence_tokens bucket is missing")
+		}
+		key := []byte(w.Token.Scope)
+		highest, err := decode(b.Get(key))
+		if err != nil {
+			return fmt.Errorf("boltguard: scope %q: %w", w.Token.Scope, err)
+		}
+		if err := guard.Check(w.Token.Scope, highest, w, strict); err != nil {
+			return err
+		}
+		if err := b.Put(key, encode(guard.Next(highest, w))); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// Fence implements guard.Store: apply runs inside the transaction that
+// advances the mark.
+func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply func(ctx context.Context) error) error {
+	return s.Update(ctx, w, strict, func(*bbolt.Tx) error { return apply(ctx) })
+}
+
+// Highest returns the highest mark accepted for scope.
+func (s *Store) Highest(scope string) (guard.Mark, error) {
+	var m guard.Mark
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		m, err = decode(tx.Bucket([]byte(Bucket)).Get([]byte(scope)))
+		return err
+	})
+	return m, err
+}
+
+func encode(m guard.Mark) []byte {
+	b := make([]byte, 16)
+	binary.BigEndian.PutUint64(b, m.Token)
+	binary.BigEndian.PutUint64(b[8:], m.Seq)
+	return b
+}
+
+func decode(b []byte) (guard.Mark, error) {
+	switch len(b) {
+	case 0:
+		return guard.Mark{}, nil
+	case 16:
+		return guard.Mark{Token: binary.BigEndian.Uint64(b), Seq: binary.BigEndian.Uint64(b[8:])}, nil
+	}
+	return guard.Mark{}, fmt.Errorf("corrupt mark of %d bytes", len(b))
+}

@@ -1,0 +1,84 @@
+package boltguard_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/guardtest"
+)
+
+func TestConformance(t *testing.T) {
+	paths := map[guard.Store]string{}
+	open := func(t *testing.T, path string) *boltguard.Store {
+		s, err := boltguard.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		paths[s] = path
+		return s
+	}
+	guardtest.Run(t, guardtest.Harness{
+		Open: func(t *testing.T) guard.Store { return open(t, filepath.Join(t.TempDir(), "g.db")) },
+		Reopen: func(t *testing.T, s guard.Store) guard.Store {
+			if err := s.(*boltguard.Store).Close(); err != nil {
+				t.Fatal(err)
+			}
+			return open(t, paths[s])
+		},
+	})
+}
+
+// TestDataAndMarkCommitTogether: a failed write rolls the mark back with
+// it, and an accepted write's data and mark survive a reopen together.
+func TestDataAndMarkCommitTogether(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "g.db")
+	s, err := boltguard.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	w := func(v uint64) guard.Write { return guard.Write{Token: fence.Token{Scope: "orders", Value: v}} }
+	put := func(val string) func(tx *bbolt.Tx) error {
+		return func(tx *bbolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists([]byte("data"))
+			if err != nil {
+				return err
+			}
+			return b.Put([]byte("orders"), []byte(val))
+		}
+	}
+	if err := s.Update(ctx, w(42), false, put("from 42")); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	if err := s.Update(ctx, w(50), false, func(tx *bbolt.Tx) error { put("from 50")(tx); return boom }); !errors.Is(err, boom) {
+		t.Fatalf("failed write = %v", err)
+	}
+	if m, _ := s.Highest("orders"); m.Token != 42 {
+		t.Fatalf("highest after a failed write = %d, want 42", m.Token)
+	}
+	s.Close()
+	s, err = boltguard.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var stale *guard.StaleError
+	if err := s.Update(ctx, w(41), false, put("from 41")); !errors.As(err, &stale) || stale.Highest != 42 {
+		t.Fatalf("late 41 after reopen = %v, want stale behind 42", err)
+	}
+	s.DB().View(func(tx *bbolt.Tx) error {
+		if got := string(tx.Bucket([]byte("data")).Get([]byte("orders"))); got != "from 42" {
+			t.Errorf("stored value %q, want the write of token 42", got)
+		}
+		return nil
+	})
+}
