@@ -1,0 +1,222 @@
+package httpguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/httpguard"
+)
+
+// register is a tiny guarded resource: the last write per scope, and the
+// log of applied tokens.
+type register struct {
+	mu    sync.Mutex
+	value map[string]string
+	log   map[string][]uint64
+	calls atomic.Int64
+}
+
+func newServer(t *testing.T, opts ...httpguard.Option) (*httptest.Server, *register) {
+	t.Helper()
+	reg := &register{value: map[string]string{}, log: map[string][]uint64{}}
+	g := guard.New(guard.NewMemoryStore(), guard.WithLogger(slog.New(slog.DiscardHandler)))
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reg.calls.Add(1)
+		scope := strings.TrimPrefix(r.URL.Path, "/")
+		tok, _ := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
+		body, _ := io.ReadAll(r.Body)
+		reg.mu.Lock()
+		reg.value[scope] = string(body)
+		reg.log[scope] = append(reg.log[scope], tok.Value)
+		reg.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	opts = append(opts, httpguard.WithScopeFunc(func(r *http.Request) string { return strings.TrimPrefix(r.URL.Path, "/") }))
+	srv := httptest.NewServer(httpguard.Middleware(g, "", opts...)(h))
+	t.Cleanup(srv.Close)
+	return srv, reg
+}
+
+func put(t *testing.T, url string, header map[string]string, body string) (*http.Response, httpguard.Problem) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, url, strings.NewReader(body))
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p httpguard.Problem
+	if resp.StatusCode >= 400 {
+		if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+			t.Fatalf("status %d with Content-Type %q, want application/problem+json", resp.StatusCode, ct)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resp, p
+}
+
+func tokenHeader(scope string, v uint64) map[string]string {
+	return map[string]string{httpguard.TokenHeader: fence.Token{Scope: scope, Value: v}.String()}
+}
+
+func TestMiddlewareStaleAndBadTokens(t *testing.T) {
+	srv, reg := newServer(t)
+	if resp, _ := put(t, srv.URL+"/orders", tokenHeader("orders", 42), "B"); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("token 42: status %d", resp.StatusCode)
+	}
+	resp, p := put(t, srv.URL+"/orders", tokenHeader("orders", 41), "A")
+	if resp.StatusCode != http.StatusConflict || p.Type != httpguard.ProblemType || p.Scope != "orders" || p.PresentedToken != 41 || p.HighestToken != 42 {
+		t.Fatalf("token 41 after 42: status %d problem %+v", resp.StatusCode, p)
+	}
+	if reg.value["orders"] != "B" {
+		t.Fatalf("stored %q, want B's write", reg.value["orders"])
+	}
+	for name, h := range map[string]map[string]string{
+		"missing":       {},
+		"malformed":     {httpguard.TokenHeader: "41"},
+		"another scope": tokenHeader("billing", 99),
+		"bad sequence":  {httpguard.TokenHeader: "fence:v1:orders:42", httpguard.SequenceHeader: "x"},
+	} {
+		before := reg.calls.Load()
+		resp, p := put(t, srv.URL+"/orders", h, "X")
+		if resp.StatusCode != http.StatusBadRequest || p.Detail == "" {
+			t.Errorf("%s: status %d problem %+v, want 400 with a detail", name, resp.StatusCode, p)
+		}
+		if reg.calls.Load() != before {
+			t.Errorf("%s: the handler ran", name)
+		}
+	}
+	// Reads pass unfenced by default.
+	resp, err := http.Get(srv.URL + "/orders")
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("GET: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// TestMiddlewareConcurrent sends random older and newer tokens for three
+// scopes from 32 goroutines: each scope's applied log must be
+// non-decreasing and end with the highest token presented (invariant 6).
+func TestMiddlewareConcurrent(t *testing.T) {
+	srv, reg := newServer(t)
+	var mu sync.Mutex
+	highest := map[string]uint64{}
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 30 {
+				scope := fmt.Sprintf("s%d", rand.IntN(3))
+				v := uint64(1 + rand.IntN(50))
+				mu.Lock()
+				highest[scope] = max(highest[scope], v)
+				mu.Unlock()
+				resp, _ := put(t, srv.URL+"/"+scope, tokenHeader(scope, v), fmt.Sprint(v))
+				if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusConflict {
+					t.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for scope, log := range reg.log {
+		for i := 1; i < len(log); i++ {
+			if log[i] < log[i-1] {
+				t.Fatalf("%s: applied token %d after %d", scope, log[i], log[i-1])
+			}
+		}
+		if reg.value[scope] != fmt.Sprint(highest[scope]) {
+			t.Fatalf("%s: stored %s, want the write of the highest token %d", scope, reg.value[scope], highest[scope])
+		}
+	}
+}
+
+// TestTransportMarksLeaseLost plays the source text's story with a real
+// fenced: A acquires, pauses past its TTL, B acquires a greater token and
+// writes; A's late write is refused, A's lease reports itself lost, and
+// A's next write is not even sent.
+func TestTransportMarksLeaseLost(t *testing.T) {
+	fs := fencetest.NewServer()
+	defer fs.Close()
+	c := fs.Client()
+	defer c.Close()
+	srv, reg := newServer(t)
+	ctx := context.Background()
+
+	a, err := c.Acquire(ctx, "orders", client.WithTTL(5*time.Second), client.WithHolder("A"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	// B takes over: release A's lease behind its back, as expiry would.
+	if _, err := c.Release(ctx, "orders", a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Acquire(ctx, "orders", client.WithHolder("B"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Token().Value <= a.Token().Value {
+		t.Fatalf("B's token %d is not above A's %d", b.Token().Value, a.Token().Value)
+	}
+	send := func(l httpguard.Lease, body string) (*http.Response, error) {
+		hc := &http.Client{Transport: httpguard.NewTransport(l, nil)}
+		return hc.Post(srv.URL+"/orders", "text/plain", strings.NewReader(body))
+	}
+	resp, err := send(b, "B")
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("B's write: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
+	resp, err = send(a, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("A's stale write: status %d, want 409", resp.StatusCode)
+	}
+	select {
+	case <-a.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("A's lease did not report itself lost after a stale rejection")
+	}
+	if !errors.Is(a.Err(), fence.ErrLeaseLost) || !strings.Contains(a.Err().Error(), "superseded") {
+		t.Fatalf("A's lease error %v, want lost because superseded", a.Err())
+	}
+	calls := reg.calls.Load()
+	if _, err := send(a, "A again"); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("A's next write: %v, want a lost-lease error without sending", err)
+	}
+	if reg.calls.Load() != calls {
+		t.Fatal("a request was sent with a lost lease")
+	}
+	if reg.value["orders"] != "B" {
+		t.Fatalf("stored %q, want B's write", reg.value["orders"])
+	}
+}

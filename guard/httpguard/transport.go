@@ -1,0 +1,69 @@
+package httpguard
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+)
+
+// Lease is what the client side needs of a lease; *client.Lease has it.
+type Lease interface {
+	Token() fence.Token
+	Err() error
+	MarkLost(cause error)
+}
+
+// Transport adds its lease's token to every request and marks the lease
+// lost when a guard answers that the token is stale. Once the lease is
+// lost, requests fail without being sent: retrying a stale token can never
+// succeed. It is safe for concurrent use.
+type Transport struct {
+	lease  Lease
+	base   http.RoundTripper
+	header string
+}
+
+// NewTransport returns a Transport over base (http.DefaultTransport if
+// nil).
+func NewTransport(lease Lease, base http.RoundTripper) *Transport {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &Transport{lease: lease, base: base, header: TokenHeader}
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err := t.lease.Err(); err != nil {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, fmt.Errorf("httpguard: not sent: %w", err)
+	}
+	r = r.Clone(r.Context())
+	r.Header.Set(t.header, t.lease.Token().String())
+	resp, err := t.base.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusConflict {
+		return resp, err
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/problem+json" {
+		return resp, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return resp, nil
+	}
+	var p Problem
+	if json.Unmarshal(body, &p) == nil && p.Type == ProblemType {
+		t.lease.MarkLost(&guard.StaleError{Scope: p.Scope, Presented: p.PresentedToken, Highest: p.HighestToken})
+	}
+	return resp, nil
+}
