@@ -131,6 +131,7 @@ func (a *app) newRootCmd() *cobra.Command {
 
 	root.AddCommand(
 		a.newAcquireCmd(),
+		a.newDemoCmd(),
 		a.newRenewCmd(),
 		a.newReleaseCmd(),
 		a.newGetCmd(),

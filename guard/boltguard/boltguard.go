@@ -107,9 +107,23 @@ func (s *Store) Update(ctx context.Context, w guard.Write, strict bool, fn func(
 }
 
 // Fence implements guard.Store: apply runs inside the transaction that
-// advances the mark.
+// advances the mark, and finds it with TxFromContext to make its writes
+// there. (Opening another read-write transaction of the same database
+// inside apply would deadlock: bbolt has one writer at a time.)
 func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply func(ctx context.Context) error) error {
-	return s.Update(ctx, w, strict, func(*bbolt.Tx) error { return apply(ctx) })
+	return s.Update(ctx, w, strict, func(tx *bbolt.Tx) error {
+		return apply(context.WithValue(ctx, txKey{}, tx))
+	})
+}
+
+type txKey struct{}
+
+// TxFromContext returns the read-write transaction of the Fence call whose
+// apply received ctx: writes made in it commit, or roll back, together
+// with the fencing mark.
+func TxFromContext(ctx context.Context) (*bbolt.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*bbolt.Tx)
+	return tx, ok
 }
 
 // Highest returns the highest mark accepted for scope.

@@ -82,3 +82,45 @@ func TestDataAndMarkCommitTogether(t *testing.T) {
 		return nil
 	})
 }
+
+// TestFenceApplyWritesInTheSameTransaction: through the guard.Store
+// interface, apply finds the transaction and its writes share its fate.
+func TestFenceApplyWritesInTheSameTransaction(t *testing.T) {
+	s, err := boltguard.Open(filepath.Join(t.TempDir(), "g.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g := guard.New(s)
+	write := func(v uint64, val string, fail error) error {
+		return g.Fence(context.Background(), "k", guard.Write{Token: fence.Token{Scope: "k", Value: v}}, func(ctx context.Context) error {
+			tx, ok := boltguard.TxFromContext(ctx)
+			if !ok {
+				t.Fatal("apply got no transaction")
+			}
+			b, err := tx.CreateBucketIfNotExists([]byte("data"))
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte("k"), []byte(val)); err != nil {
+				return err
+			}
+			return fail
+		})
+	}
+	if err := write(2, "two", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(3, "three", errors.New("boom")); err == nil {
+		t.Fatal("failing apply succeeded")
+	}
+	if err := write(1, "one", nil); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("token 1 after 2: %v", err)
+	}
+	s.DB().View(func(tx *bbolt.Tx) error {
+		if got := string(tx.Bucket([]byte("data")).Get([]byte("k"))); got != "two" {
+			t.Errorf("stored %q, want two: the failed write must roll back with its mark", got)
+		}
+		return nil
+	})
+}
