@@ -84,7 +84,19 @@ type Guard struct {
 	store  Store
 	strict bool
 	log    *slog.Logger
+	obs    Observer
 }
+
+// Observer learns the outcome of every write a Guard checks, for metrics
+// (guardmetrics has a Prometheus one). Its methods must be fast and safe
+// for concurrent use.
+type Observer interface {
+	Accepted(scope string)
+	Rejected(stale *StaleError)
+}
+
+// WithObserver reports every accepted and rejected write to o.
+func WithObserver(o Observer) Option { return optionFunc(func(g *Guard) { g.obs = o }) }
 
 // Option configures a Guard.
 type Option interface{ apply(*Guard) }
@@ -126,8 +138,14 @@ func (g *Guard) Fence(ctx context.Context, scope string, w Write, apply func(ctx
 		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", w.Token.Value, uint64(fence.MaxToken))}
 	}
 	err := g.store.Fence(ctx, w, g.strict, apply)
+	if err == nil && g.obs != nil {
+		g.obs.Accepted(scope)
+	}
 	var stale *StaleError
 	if errors.As(err, &stale) {
+		if g.obs != nil {
+			g.obs.Rejected(stale)
+		}
 		g.log.LogAttrs(ctx, slog.LevelWarn, "stale write rejected",
 			slog.String("scope", stale.Scope),
 			slog.Uint64("presented_token", stale.Presented),
