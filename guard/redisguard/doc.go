@@ -1,0 +1,63 @@
+// Package redisguard fences writes to Redis: each write carries a fencing
+// token, and one Lua script checks the token against the highest one its
+// scope has accepted, applies the write and records the new highest mark,
+// so nothing can run between the check and the write. The mark lives in the
+// same Redis as the data and is as durable as that Redis is configured to
+// be (use AOF with appendfsync always when a late stale write after a crash
+// must still be refused).
+//
+// # Usage
+//
+// Make one Guard per Redis client and pass each write's guard.Write:
+//
+//	g := redisguard.New(rdb, redisguard.WithStrictSequence())
+//	w := guard.Write{Token: lease.Token()}
+//	err := g.Set(ctx, w, redisguard.Key("orders/shard-7", "total"), "42", 0)
+//	if errors.Is(err, fence.ErrStale) {
+//		// the lease is lost: stop, do not retry with this token
+//	}
+//
+// Set, Del, HSet and IncrBy are fenced versions of the Redis commands. Eval
+// runs the caller's own Lua after the check, in the same script; inside it
+// KEYS and ARGV are the caller's keys and arguments, numbered from 1:
+//
+//	_, err := g.Eval(ctx, w, `
+//		redis.call('SET', KEYS[1], ARGV[1])
+//		return redis.call('RPUSH', KEYS[2], ARGV[1])`,
+//		[]string{redisguard.Key(scope, "value"), redisguard.Key(scope, "log")}, "v1")
+//
+// A stale write returns a *guard.StaleError (errors.Is fence.ErrStale) with
+// the scope, the presented and the highest token and sequence; the Guard
+// logs it with slog (fields scope, presented_token, highest_token) and
+// reports it to an optional guard.Observer.
+//
+// # Keys
+//
+// The mark of scope s is the hash "fence:{s}" (DefaultPrefix, see
+// WithPrefix) with the fields token and seq, stored as decimal strings.
+// The braces make s the key's hash tag. In Redis Cluster a script may touch
+// only keys of one slot, so every data key of a fenced write must carry the
+// same tag: build them with Key(s, name), which gives "{s}:name". On a
+// single Redis any key names work.
+//
+// Tokens and sequence numbers are unsigned 64-bit integers. Lua numbers in
+// Redis are doubles, exact only to 2^53, so the scripts never convert them:
+// they compare canonical decimal strings by length, then bytewise.
+//
+// # Caveats
+//
+// Redis scripts are atomic but not transactional: if a command inside a
+// fenced write fails (say INCRBY on a string), the mark is not advanced,
+// but commands that ran before the failure in an Eval body stay applied.
+//
+// The fence is only as durable as the Redis: without AOF and
+// appendfsync always, a crash can lose an accepted mark together with the
+// write it fenced, and then a late stale write is accepted after restart.
+// A failover to a replica that missed the last writes has the same effect.
+//
+// Store implements guard.Store for a guard.Guard whose writes go elsewhere.
+// Its apply is Go code and cannot run inside a script: Store serializes
+// Fence per scope within one process and records the mark in Redis only
+// after apply succeeds, so it is atomic only among the Fence calls of one
+// Store. For data in Redis use Guard's scripts; see Store for the rest.
+package redisguard
