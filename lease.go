@@ -44,8 +44,14 @@ func (id LeaseID) IsZero() bool { return id == LeaseID{} }
 // MarshalText implements encoding.TextMarshaler.
 func (id LeaseID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler. Unlike ParseLeaseID it
+// accepts the zero ID, which MarshalText writes for a lease whose ID was
+// not disclosed, so every Lease survives a JSON round trip.
 func (id *LeaseID) UnmarshalText(b []byte) error {
+	if string(b) == (LeaseID{}).String() {
+		*id = LeaseID{}
+		return nil
+	}
 	v, err := ParseLeaseID(string(b))
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package fence
 import (
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -66,7 +67,7 @@ func ValidateHolder(h string) error {
 		return invalid("holder", "%s is not valid UTF-8", quoteShort(h))
 	}
 	for _, r := range h {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) { // C0, DEL and C1: they forge lines in logs and terminals
 			return invalid("holder", "%s contains a control character", quoteShort(h))
 		}
 	}

@@ -1,183 +1,205 @@
 package fence_test
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/fence-dev/fence"
 )
 
-func TestTokenRoundTrip(t *testing.T) {
-	for _, tok := range []fence.Token{
-		{Scope: "orders", Value: 1},
-		{Scope: "orders/shard-7", Value: 42},
-		{Scope: "a.b_c-d/e", Value: 1<<53 + 1}, // above float64's exact range: must stay exact
-		{Scope: strings.Repeat("x", fence.MaxScopeLen), Value: fence.MaxToken},
+// maxTokenText is fence.MaxToken, 2^63-1, as text.
+const maxTokenText = "9223372036854775807"
+
+// longestToken is the longest text form ParseToken accepts: a scope of
+// MaxScopeLen bytes and the greatest value.
+var longestToken = "fence:v1:" + strings.Repeat("s", fence.MaxScopeLen) + ":" + maxTokenText
+
+func TestTokenTextRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		tok  fence.Token
+		text string
+	}{
+		{fence.Token{Scope: "orders", Value: 1}, "fence:v1:orders:1"},
+		{fence.Token{Scope: "orders/shard-7", Value: 42}, "fence:v1:orders/shard-7:42"},
+		{fence.Token{Scope: "A.b_c-d/e", Value: 10}, "fence:v1:A.b_c-d/e:10"},
+		{fence.Token{Scope: "x/.y/..z/...", Value: 7}, "fence:v1:x/.y/..z/...:7"},
+		// Above float64's exact integers: a parser going through float64
+		// would answer 2^53.
+		{fence.Token{Scope: "a", Value: 1<<53 + 1}, "fence:v1:a:9007199254740993"},
+		{fence.Token{Scope: "a", Value: fence.MaxToken}, "fence:v1:a:" + maxTokenText},
+		{fence.Token{Scope: strings.Repeat("s", fence.MaxScopeLen), Value: fence.MaxToken}, longestToken},
 	} {
-		s := tok.String()
-		got, err := fence.ParseToken(s)
-		if err != nil {
-			t.Fatalf("ParseToken(%q): %v", s, err)
+		if got := tc.tok.String(); got != tc.text {
+			t.Errorf("%#v.String() = %q, want %q", tc.tok, got, tc.text)
 		}
-		if got != tok {
-			t.Fatalf("ParseToken(%q) = %+v, want %+v", s, got, tok)
+		got, err := fence.ParseToken(tc.text)
+		if err != nil {
+			t.Errorf("ParseToken(%.60q): %v", tc.text, err)
+			continue
+		}
+		if got != tc.tok {
+			t.Errorf("ParseToken(%.60q) = %#v, want %#v", tc.text, got, tc.tok)
 		}
 	}
 }
 
 func TestParseTokenRejects(t *testing.T) {
-	for _, tc := range []struct{ in, field, want string }{
-		{"", "token", `must start with "fence:"`},
-		{"41", "token", `must start with "fence:"`},
-		{"lock:v1:a:1", "token", "not a fence token"},
-		{"fence:v2:a:1", "token", `version "v2"`},
-		{"fence:", "token", "no version"},
-		{"fence:v1:a", "token", "no value"},
-		{"fence:v1::1", "scope", "empty"},
-		{"fence:v1:a:", "token", "value is empty"},
-		{"fence:v1:a:0", "token", "from 1 to"},
-		{"fence:v1:a:-1", "token", "not a decimal integer"},
-		{"fence:v1:a:+5", "token", "not a decimal integer"},
-		{"fence:v1:a:007", "token", "leading zeros"},
-		{"fence:v1:a:1e309", "token", "not a decimal integer"},
-		{"fence:v1:a:9223372036854775808", "token", "above the maximum"},
-		{"fence:v1:a:18446744073709551616", "token", "above the maximum"},
-		{"fence:v1:a:99999999999999999999999", "token", "above the maximum"},
-		{"fence:v1:a b:1", "scope", "' '"},
-		{"fence:v1:a\x00b:1", "scope", "0x00"},
-		{"fence:v1:../etc:1", "scope", `".."`},
-		{"fence:v1:" + strings.Repeat("a", 1<<20) + ":1", "token", "at most"},
+	// What each kind of message must say is allowed.
+	const (
+		prefix  = `must start with "fence:"`
+		form    = "want fence:v1:SCOPE:VALUE"
+		version = "this build reads v1"
+		value   = "from 1 to " + maxTokenText
+		above   = "above the maximum " + maxTokenText
+		chars   = "allowed are ASCII letters, digits, '.', '_', '-' and '/'"
+		segment = "'/' may not start or end a scope or repeat"
+	)
+	v := func(num string) string { return "fence:v1:a:" + num }
+	s := func(scope string) string { return "fence:v1:" + scope + ":1" }
+	for _, tc := range []struct {
+		name, in     string
+		field, allow string // the InvalidError field, and what its message must say
+	}{
+		{"empty", "", "token", prefix},
+		{"a bare number", "41", "token", prefix},
+		{"another prefix", "lock:v1:a:1", "token", prefix},
+		{"upper-case prefix", "FENCE:v1:a:1", "token", prefix},
+		{"leading space", " fence:v1:a:1", "token", prefix},
+		{"leading NUL", "\x00fence:v1:a:1", "token", prefix},
+		{"prefix only", "fence:", "token", form},
+		{"version only", "fence:v1", "token", form},
+		{"no value", "fence:v1:a", "token", form},
+		{"nothing after the version", "fence:v1:", "token", form},
+		{"version 2", "fence:v2:a:1", "token", version},
+		{"upper-case version", "fence:V1:a:1", "token", version},
+		{"empty version", "fence::a:1", "token", version},
+		{"version 1.0", "fence:v1.0:a:1", "token", version},
+
+		{"empty value", v(""), "token", value},
+		{"zero", v("0"), "token", value},
+		{"zeros", v("00"), "token", value},
+		{"leading zeros", v("007"), "token", value},
+		{"negative", v("-1"), "token", value},
+		{"plus sign", v("+5"), "token", value},
+		{"decimal point", v("1.0"), "token", value},
+		{"exponent", v("1e309"), "token", value},
+		{"hex", v("0x10"), "token", value},
+		{"underscore", v("1_000"), "token", value},
+		{"trailing space", v("1 "), "token", value},
+		{"leading space in value", v(" 1"), "token", value},
+		{"NUL in value", v("1\x00"), "token", value},
+		{"Arabic-Indic digit", v("١"), "token", value},
+		{"fullwidth digit", v("１"), "token", value},
+		{"2^63, one above the maximum", v("9223372036854775808"), "token", above},
+		{"2^64-1", v("18446744073709551615"), "token", above},
+		{"2^64", v("18446744073709551616"), "token", above},
+		{"thirty digits", v(strings.Repeat("9", 30)), "token", above},
+
+		{"empty scope", s(""), "scope", "want 1 to 256 bytes of letters, digits, '.', '_', '-' and '/'"},
+		{"scope with a space", s("a b"), "scope", chars},
+		{"scope with a NUL", s("a\x00b"), "scope", chars},
+		{"scope with a colon", "fence:v1:a:b:1", "scope", chars},
+		{"non-ASCII scope", s("café"), "scope", chars},
+		{"scope with invalid UTF-8", s("a\xff"), "scope", chars},
+		{"scope ../x", s("../x"), "scope", `".." segment`},
+		{"scope .", s("."), "scope", `"." segment`},
+		{"scope a/./b", s("a/./b"), "scope", `"." segment`},
+		{"scope a//b", s("a//b"), "scope", segment},
+		{"scope /a", s("/a"), "scope", segment},
+		{"scope a/", s("a/"), "scope", segment},
+		{"scope of 257 bytes", s(strings.Repeat("s", fence.MaxScopeLen+1)), "scope", "at most 256 allowed"},
+
+		{"one byte too long", longestToken + "0", "token", "at most 285 allowed"},
+		{"1 MiB", "fence:v1:" + strings.Repeat("a", 1<<20) + ":1", "token", "at most 285 allowed"},
+		{"1 MiB of NUL", strings.Repeat("\x00", 1<<20), "token", "at most 285 allowed"},
 	} {
-		_, err := fence.ParseToken(tc.in)
-		if !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("ParseToken(%.40q) = %v, want ErrInvalid", tc.in, err)
+		tok, err := fence.ParseToken(tc.in)
+		if err == nil {
+			t.Errorf("%s: ParseToken(%.60q) = %#v, want an error", tc.name, tc.in, tok)
 			continue
 		}
-		var ie *fence.InvalidError
-		if !errors.As(err, &ie) || ie.Field != tc.field || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("ParseToken(%.40q) = %v (field %q), want field %q and %q in the message", tc.in, err, ie.Field, tc.field, tc.want)
+		if tok != (fence.Token{}) {
+			t.Errorf("%s: ParseToken returned %#v with its error", tc.name, tok)
 		}
+		if !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("%s: %v does not match fence.ErrInvalid", tc.name, err)
+		}
+		var ie *fence.InvalidError
+		if !errors.As(err, &ie) {
+			t.Errorf("%s: %v is not a *fence.InvalidError", tc.name, err)
+			continue
+		}
+		if ie.Field != tc.field {
+			t.Errorf("%s: %v names field %q, want %q", tc.name, err, ie.Field, tc.field)
+		}
+		if !strings.Contains(err.Error(), tc.allow) {
+			t.Errorf("%s: %q does not say %q", tc.name, err, tc.allow)
+		}
+		// A hostile input must not end up whole in a log line.
 		if len(err.Error()) > 400 {
-			t.Errorf("ParseToken(%.40q): the message is %d bytes; a hostile input must not end up whole in it", tc.in, len(err.Error()))
+			t.Errorf("%s: the message is %d bytes long", tc.name, len(err.Error()))
 		}
 	}
 }
 
 func TestTokenLess(t *testing.T) {
 	a41, a42, b1 := fence.Token{Scope: "a", Value: 41}, fence.Token{Scope: "a", Value: 42}, fence.Token{Scope: "b", Value: 1}
-	if !a41.Less(a42) || a42.Less(a41) || a41.Less(a41) {
-		t.Error("Less does not order tokens of one scope")
-	}
-	if a41.Less(b1) || b1.Less(a42) {
-		t.Error("Less orders tokens of different scopes")
-	}
-}
-
-func TestValidateScope(t *testing.T) {
-	valid := []string{"a", "orders", "orders/shard-7", "A.b_c-d", "x/.y/..z", strings.Repeat("s", 256)}
-	for _, s := range valid {
-		if err := fence.ValidateScope(s); err != nil {
-			t.Errorf("ValidateScope(%q) = %v", s, err)
-		}
-	}
-	invalid := []string{"", strings.Repeat("s", 257), strings.Repeat("s", 1<<20), "a b", "a\x00", "a:b", "é",
-		"\xff", "/a", "a/", "a//b", ".", "..", "../x", "a/./b", "a/..", "a\n"}
-	for _, s := range invalid {
-		err := fence.ValidateScope(s)
-		var ie *fence.InvalidError
-		if !errors.As(err, &ie) || ie.Field != "scope" || !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("ValidateScope(%.40q) = %v, want an InvalidError for scope", s, err)
-		}
-	}
-	if err := fence.ValidatePrefix(""); err != nil {
-		t.Errorf("empty prefix: %v", err)
-	}
-	if err := fence.ValidatePrefix("orders/"); err != nil {
-		t.Errorf("orders/: %v", err)
-	}
-	if err := fence.ValidatePrefix("a b"); err == nil {
-		t.Error("prefix with a space accepted")
-	}
-}
-
-func TestValidateHolder(t *testing.T) {
-	for _, h := range []string{"", "worker-3@host", "Jürgen's laptop", strings.Repeat("h", 128)} {
-		if err := fence.ValidateHolder(h); err != nil {
-			t.Errorf("ValidateHolder(%q) = %v", h, err)
-		}
-	}
-	for _, h := range []string{strings.Repeat("h", 129), "a\x00", "tab\there", "\xff\xfe", "del\x7f"} {
-		if err := fence.ValidateHolder(h); !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("ValidateHolder(%.40q) = %v, want ErrInvalid", h, err)
-		}
-	}
-}
-
-func TestLeaseID(t *testing.T) {
-	a, b := fence.NewLeaseID(), fence.NewLeaseID()
-	if a.IsZero() || a == b {
-		t.Fatalf("NewLeaseID gave %s and %s", a, b)
-	}
-	got, err := fence.ParseLeaseID(a.String())
-	if err != nil || got != a {
-		t.Fatalf("ParseLeaseID(%s) = %s, %v", a, got, err)
-	}
-	js, err := json.Marshal(map[string]fence.LeaseID{"id": a})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back map[string]fence.LeaseID
-	if err := json.Unmarshal(js, &back); err != nil || back["id"] != a {
-		t.Fatalf("JSON round trip: %s -> %v, %v", js, back, err)
-	}
-	for _, bad := range []string{"", "zz", strings.Repeat("g", 32), strings.Repeat("0", 32), strings.Repeat("a", 33), strings.Repeat("a", 1<<20)} {
-		if _, err := fence.ParseLeaseID(bad); !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("ParseLeaseID(%.40q) = %v, want ErrInvalid", bad, err)
-		}
-	}
-}
-
-func TestStructuredErrorsUnwrap(t *testing.T) {
 	for _, tc := range []struct {
-		err  error
-		want error
+		t, u fence.Token
+		want bool
 	}{
-		{&fence.HeldError{Scope: "a", Holder: "h", Token: 3}, fence.ErrHeld},
-		{&fence.LostError{Scope: "a", Token: 3, Current: 4}, fence.ErrLeaseLost},
-		{&fence.InvalidError{Field: "ttl", Reason: "zero"}, fence.ErrInvalid},
+		{a41, a42, true},
+		{a42, a41, false},
+		{a41, a41, false},
+		// Tokens of different scopes are unordered.
+		{b1, a42, false},
+		{a41, b1, false},
 	} {
-		wrapped := fmt.Errorf("acquire %q: %w", "a", tc.err)
-		if !errors.Is(wrapped, tc.want) {
-			t.Errorf("%T does not match %v through wrapping", tc.err, tc.want)
+		if got := tc.t.Less(tc.u); got != tc.want {
+			t.Errorf("%v.Less(%v) = %v, want %v", tc.t, tc.u, got, tc.want)
 		}
-	}
-	var held *fence.HeldError
-	if err := fmt.Errorf("x: %w", &fence.HeldError{Holder: "h", Token: 7}); !errors.As(err, &held) || held.Token != 7 {
-		t.Errorf("errors.As HeldError failed: %v", err)
 	}
 }
 
+func TestLeaseFencingToken(t *testing.T) {
+	l := fence.Lease{Scope: "orders", Token: 7, ID: fence.NewLeaseID(), Holder: "w"}
+	if got, want := l.FencingToken(), (fence.Token{Scope: "orders", Value: 7}); got != want {
+		t.Fatalf("FencingToken() = %#v, want %#v", got, want)
+	}
+}
+
+// FuzzParseToken: ParseToken never panics, refuses with an *InvalidError,
+// and accepts only the canonical text form: what parses prints back the
+// same. Seeds are in testdata/fuzz/FuzzParseToken as well.
 func FuzzParseToken(f *testing.F) {
-	for _, s := range []string{"fence:v1:orders:41", "fence:v1:a/b:9223372036854775807", "fence:v2:a:1", "fence:v1:a:01", "", "fence:v1:a:b:1"} {
+	for _, s := range []string{
+		"fence:v1:orders:41", "fence:v1:a/b:" + maxTokenText, "fence:v1:a:9007199254740993", longestToken,
+		"fence:v2:a:1", "fence:v1:a:01", "fence:v1:a:+1", "fence:v1:a:9223372036854775808", "", "fence:v1:a:b:1",
+		"fence:v1:../a:1", "fence:v1:a\x00:1",
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		tok, err := fence.ParseToken(s)
 		if err != nil {
-			if !errors.Is(err, fence.ErrInvalid) {
-				t.Fatalf("ParseToken(%q): error %v does not match ErrInvalid", s, err)
+			var ie *fence.InvalidError
+			if !errors.Is(err, fence.ErrInvalid) || !errors.As(err, &ie) || (ie.Field != "token" && ie.Field != "scope") {
+				t.Fatalf("ParseToken(%q): error %v is not an InvalidError for token or scope", s, err)
+			}
+			if tok != (fence.Token{}) {
+				t.Fatalf("ParseToken(%q) returned %#v with its error", s, tok)
 			}
 			return
 		}
-		// The text form is canonical: what parses prints back the same.
-		if tok.String() != s {
-			t.Fatalf("ParseToken(%q) = %+v, which prints as %q", s, tok, tok.String())
+		if got := tok.String(); got != s {
+			t.Fatalf("ParseToken(%q) = %#v, which prints as %q", s, tok, got)
 		}
 		if tok.Value == 0 || tok.Value > fence.MaxToken {
-			t.Fatalf("ParseToken(%q) accepted value %d", s, tok.Value)
+			t.Fatalf("ParseToken(%q) accepted the value %d", s, tok.Value)
+		}
+		if err := fence.ValidateScope(tok.Scope); err != nil {
+			t.Fatalf("ParseToken(%q) accepted the scope %q: %v", s, tok.Scope, err)
 		}
 	})
 }

@@ -97,7 +97,8 @@
 // second token. [WithRequestID] sets the ID, so that a caller's own retry
 // of an acquire is recognised as well: while that grant is current the
 // same request ID returns it again (same token, same lease ID), and once it
-// has ended the request ID answers [fence.ErrLeaseLost], never a new token.
+// has ended the request ID answers [fence.ErrLeaseLost] for as long as the
+// grant is among the scope's four most recent grants.
 // Renewals and releases are retried too: renewing is idempotent, and a
 // release retried after an attempt whose answer was cut off reports
 // success if the lease turns out to be no longer current.
@@ -114,8 +115,9 @@
 // timer fires, Err may still return nil after the deadline has passed. Its
 // stale writes are stopped by the guard, not by the lease.
 //
-// The service remembers request IDs only for a scope's few most recent
-// grants. Use a request ID for the retries of one acquire, never as a
+// The service remembers request IDs only for a scope's four most recent
+// grants; after that a request ID is forgotten and an acquire carrying it is
+// a new acquire. Use a request ID for the retries of one acquire, never as a
 // standing name for a holder.
 //
 // Releasing a lease that is already lost, including after MarkLost, does

@@ -67,7 +67,8 @@ func WithWait() AcquireOption { return acquireFunc(func(a *acquireConfig) { a.wa
 
 // WithRequestID sets the acquire's request ID (default: random). Retries of
 // one acquire carry the same ID, so the service returns the same grant
-// instead of a second token.
+// instead of a second token while that grant is among the scope's four most
+// recent (see the package documentation, Retries).
 func WithRequestID(id string) AcquireOption {
 	return acquireFunc(func(a *acquireConfig) { a.requestID = id })
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fence-dev/fence"
 )
@@ -62,6 +63,10 @@ func (c Command) Validate() error {
 		if len(c.RequestID) > MaxRequestIDLen {
 			return &fence.InvalidError{Field: "request_id", Reason: fmt.Sprintf("%d bytes long, at most %d allowed", len(c.RequestID), MaxRequestIDLen)}
 		}
+		if !utf8.ValidString(c.RequestID) {
+			// JSON would replace the bad bytes, so replicas would apply another ID.
+			return &fence.InvalidError{Field: "request_id", Reason: "not valid UTF-8"}
+		}
 		return needID(c)
 	case OpRelease, OpCancel:
 		if err := fence.ValidateScope(c.Scope); err != nil {
@@ -106,7 +111,7 @@ func DecodeCommand(b []byte) (Command, error) {
 	if err := dec.Decode(&c); err != nil {
 		return Command{}, fmt.Errorf("decode command: %w", err)
 	}
-	if dec.More() {
+	if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
 		return Command{}, fmt.Errorf("decode command: trailing data after the command")
 	}
 	if err := c.Validate(); err != nil {

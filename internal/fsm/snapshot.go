@@ -67,6 +67,9 @@ func Restore(b []byte) (*State, error) {
 	if err := dec.Decode(&sb); err != nil {
 		return nil, fmt.Errorf("restore snapshot: %w", err)
 	}
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
+		return nil, fmt.Errorf("restore snapshot: trailing data after the body")
+	}
 	s := New()
 	for _, r := range sb.Scopes {
 		if err := r.check(); err != nil {
@@ -102,6 +105,9 @@ func (r snapshotScope) check() error {
 		return fmt.Errorf("%d recent grants, at most %d kept", len(r.Recent), recentGrants)
 	}
 	for _, g := range r.Recent {
+		if g.ID.IsZero() {
+			return fmt.Errorf("recent grant token %d has no lease ID", g.Token)
+		}
 		if g.Token == 0 || g.Token > r.Last {
 			return fmt.Errorf("recent grant token %d does not fit counter %d", g.Token, r.Last)
 		}

@@ -89,7 +89,12 @@ const (
 
 var eventNames = [...]string{"", "granted", "released", "expired", "cancelled"}
 
-func (k EventKind) String() string { return eventNames[k] }
+func (k EventKind) String() string {
+	if int(k) >= len(eventNames) || k == 0 {
+		return fmt.Sprintf("EventKind(%d)", k)
+	}
+	return eventNames[k]
+}
 
 // Event is a lease transition caused by applying a command.
 type Event struct {
