@@ -4,6 +4,17 @@
 //
 // Every flag can also be set through the environment variable named after
 // it: --data-dir is FENCED_DATA_DIR, and so on. Flags win.
+//
+// Without --raft-listen, fenced is a single node. A cluster starts with
+//
+//	fenced --node-id n1 --listen :7481 --advertise 10.0.0.1:7481 --raft-listen 10.0.0.1:7491 --bootstrap
+//
+// on the first node, and grows with
+//
+//	fenced --node-id n2 --listen :7481 --advertise 10.0.0.2:7481 --raft-listen 10.0.0.2:7491 --join 10.0.0.1:7481
+//
+// on each other node (keep --join on its command line: a restart re-joins
+// harmlessly and updates its API address).
 package main
 
 import (
@@ -16,6 +27,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fence-dev/fence/internal/server"
 )
@@ -43,6 +55,13 @@ func parse(args []string) (server.Config, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the Raft log, stable store and snapshots")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (gRPC, Connect and HTTP/JSON on one port)")
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID in the Raft configuration")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "API address peers forward requests to (default: the address --listen bound)")
+	fs.StringVar(&cfg.RaftListen, "raft-listen", "", "Raft address, for a node of a cluster (default: none, a single node that never has peers)")
+	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default: --raft-listen)")
+	fs.BoolVar(&cfg.Bootstrap, "bootstrap", false, "start a new cluster with this node as its only voter (first start of the first node only)")
+	join := fs.String("join", "", "comma-separated API addresses of cluster members to ask to add this node")
+	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", 500*time.Millisecond, "how long followers wait to hear from the leader before electing another")
+	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries after which a snapshot is taken and the log compacted")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "largest TTL an acquire may ask for")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "TTL of an acquire that names none")
 	format := fs.String("log-format", "text", "log format: text or json")
@@ -59,6 +78,14 @@ func parse(args []string) (server.Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *join != "" {
+		for a := range strings.SplitSeq(*join, ",") {
+			if a = strings.TrimSpace(a); a == "" {
+				return cfg, fmt.Errorf("--join %q: an empty address", *join)
+			}
+			cfg.Join = append(cfg.Join, strings.TrimSpace(a))
+		}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {

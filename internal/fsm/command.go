@@ -28,6 +28,11 @@ const (
 	// OpPromote marks a new leader taking office: it drops every waiter,
 	// whose callers were attached to the previous leader.
 	OpPromote Op = "promote"
+	// OpSetNode records the API address of node Node as Addr.
+	OpSetNode Op = "set_node"
+	// OpForgetNode records that node Node was removed: its address is
+	// dropped and its ID is refused from then on.
+	OpForgetNode Op = "forget_node"
 )
 
 // MaxRequestIDLen bounds the client request ID of an acquire.
@@ -45,6 +50,8 @@ type Command struct {
 	RequestID string        `json:"request_id,omitempty"`
 	Token     uint64        `json:"token,omitempty"`
 	At        int64         `json:"at,omitempty"` // proposer's wall clock, Unix nanoseconds; recorded, never compared
+	Node      string        `json:"node,omitempty"`
+	Addr      string        `json:"addr,omitempty"`
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -83,6 +90,13 @@ func (c Command) Validate() error {
 		return nil
 	case OpPromote:
 		return nil
+	case OpSetNode:
+		if err := ValidateNodeID(c.Node); err != nil {
+			return err
+		}
+		return validateAddr(c.Addr)
+	case OpForgetNode:
+		return ValidateNodeID(c.Node)
 	}
 	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
 }

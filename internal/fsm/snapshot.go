@@ -18,7 +18,9 @@ const snapshotMagic = "fence-fsm-snapshot v1 crc32c="
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 type snapshotBody struct {
-	Scopes []snapshotScope `json:"scopes"`
+	Scopes  []snapshotScope   `json:"scopes"`
+	Nodes   map[string]string `json:"nodes,omitempty"`
+	Removed []string          `json:"removed,omitempty"`
 }
 
 type snapshotScope struct {
@@ -38,6 +40,10 @@ func (s *State) Snapshot() []byte {
 			Scope: name, Last: sc.last, Lease: sc.lease, Waiters: sc.waiters, Recent: sc.recent,
 		})
 	}
+	if len(s.nodes) > 0 {
+		body.Nodes = s.nodes // encoding/json sorts map keys
+	}
+	body.Removed = s.removedList()
 	b, err := json.Marshal(body)
 	if err != nil {
 		panic(err) // unreachable: every field marshals
@@ -79,6 +85,24 @@ func Restore(b []byte) (*State, error) {
 			return nil, fmt.Errorf("restore snapshot: scope %q appears twice", r.Scope)
 		}
 		s.scopes[r.Scope] = &scope{last: r.Last, lease: r.Lease, waiters: r.Waiters, recent: r.Recent}
+	}
+	for id, addr := range sb.Nodes {
+		if err := ValidateNodeID(id); err != nil {
+			return nil, fmt.Errorf("restore snapshot: %w", err)
+		}
+		if err := validateAddr(addr); err != nil {
+			return nil, fmt.Errorf("restore snapshot: node %q: %w", id, err)
+		}
+		s.nodes[id] = addr
+	}
+	for _, id := range sb.Removed {
+		if err := ValidateNodeID(id); err != nil {
+			return nil, fmt.Errorf("restore snapshot: removed %w", err)
+		}
+		if _, ok := s.nodes[id]; ok {
+			return nil, fmt.Errorf("restore snapshot: node %q is both a member and removed", id)
+		}
+		s.removed[id] = true
 	}
 	return s, nil
 }

@@ -117,11 +117,15 @@ type Result struct {
 // New. A State is not safe for concurrent use: its owner serialises Apply
 // and the queries.
 type State struct {
-	scopes map[string]*scope
+	scopes  map[string]*scope
+	nodes   map[string]string // node ID → API address
+	removed map[string]bool   // node IDs removed from the cluster
 }
 
 // New returns an empty State.
-func New() *State { return &State{scopes: make(map[string]*scope)} }
+func New() *State {
+	return &State{scopes: make(map[string]*scope), nodes: make(map[string]string), removed: make(map[string]bool)}
+}
 
 // Apply applies one command and reports what it did. It is deterministic:
 // the same commands in the same order give the same state and results.
@@ -138,6 +142,10 @@ func (s *State) Apply(c Command) Result {
 		return s.expire(c)
 	case OpCancel:
 		return s.cancel(c)
+	case OpSetNode:
+		return s.setNode(c)
+	case OpForgetNode:
+		return s.forgetNode(c)
 	default: // OpPromote
 		return s.promote()
 	}

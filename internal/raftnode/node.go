@@ -3,10 +3,13 @@
 // and raft futures turned into context-aware calls.
 //
 // A single node is a one-voter cluster bootstrapped on first start; there is
-// one code path for one node and many.
+// one code path for one node and many. Without a Raft address the node talks
+// to no one and uses an in-memory transport; with one, peers reach it over
+// TCP.
 package raftnode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +34,21 @@ type Config struct {
 	NodeID string
 	// DataDir holds raft.db (log and stable store) and snapshots/.
 	DataDir string
+	// RaftListen is the TCP address the Raft transport binds. Empty means a
+	// node that is and stays a cluster of one.
+	RaftListen string
+	// RaftAdvertise is the address peers dial; defaults to RaftListen.
+	RaftAdvertise string
+	// Bootstrap makes a node with an empty data directory a one-voter
+	// cluster. Without it, a TCP node with no state waits to be added by
+	// the leader. A node without RaftListen always bootstraps.
+	Bootstrap bool
+	// HeartbeatTimeout and ElectionTimeout tune failure detection; zero
+	// means 500ms, which suits a LAN.
+	HeartbeatTimeout, ElectionTimeout time.Duration
+	// SnapshotThreshold is how many log entries since the last snapshot
+	// trigger a new one (zero: 8192).
+	SnapshotThreshold uint64
 	// Logger receives Raft's own messages (warnings and errors).
 	Logger *slog.Logger
 	// OnEvents is called, in log order, with the lease transitions of each
@@ -50,7 +68,7 @@ type Node struct {
 	cfg    Config
 	raft   *raft.Raft
 	store  *raftboltdb.BoltStore
-	trans  *raft.InmemTransport
+	trans  io.Closer
 	notify chan bool
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -97,32 +115,52 @@ func Open(cfg Config) (*Node, error) {
 	rc.NotifyCh = n.notify
 	// A one-voter cluster elects itself after one heartbeat timeout; keep
 	// restarts quick.
-	rc.HeartbeatTimeout = 500 * time.Millisecond
-	rc.ElectionTimeout = 500 * time.Millisecond
-	rc.LeaderLeaseTimeout = 250 * time.Millisecond
+	rc.HeartbeatTimeout = cmp.Or(cfg.HeartbeatTimeout, 500*time.Millisecond)
+	rc.ElectionTimeout = cmp.Or(cfg.ElectionTimeout, 500*time.Millisecond)
+	rc.LeaderLeaseTimeout = rc.HeartbeatTimeout / 2
+	if cfg.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = cfg.SnapshotThreshold
+		rc.TrailingLogs = max(cfg.SnapshotThreshold/2, 64)
+	}
 	// Group commit: the leader writes up to MaxAppendEntries queued
 	// commands with one fsync.
 	rc.MaxAppendEntries = 1024
 	rc.BatchApplyCh = true
 
-	addr, trans := raft.NewInmemTransport(raft.ServerAddress("inmem:" + cfg.NodeID))
-	n.trans = trans
+	var trans raft.Transport
+	if cfg.RaftListen == "" {
+		_, t := raft.NewInmemTransport(raft.ServerAddress("inmem:" + cfg.NodeID))
+		trans, n.trans = t, t
+		cfg.Bootstrap = true
+	} else {
+		layer, err := listen(cfg.RaftListen, cmp.Or(cfg.RaftAdvertise, cfg.RaftListen))
+		if err != nil {
+			store.Close()
+			return nil, err
+		}
+		t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: logger,
+		})
+		trans, n.trans = t, t
+	}
+	fail := func(err error) (*Node, error) {
+		n.trans.Close()
+		store.Close()
+		return nil, err
+	}
 	existing, err := raft.HasExistingState(store, store, snaps)
 	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("inspect raft state: %w", err)
+		return fail(fmt.Errorf("inspect raft state: %w", err))
 	}
-	if !existing {
-		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: addr}}}
+	if !existing && cfg.Bootstrap {
+		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
 		if err := raft.BootstrapCluster(rc, store, store, snaps, trans, boot); err != nil {
-			store.Close()
-			return nil, fmt.Errorf("bootstrap: %w", err)
+			return fail(fmt.Errorf("bootstrap: %w", err))
 		}
 	}
 	r, err := raft.NewRaft(rc, (*machine)(n), store, store, snaps, trans)
 	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("start raft: %w", err)
+		return fail(fmt.Errorf("start raft: %w", err))
 	}
 	n.raft = r
 	n.wg.Add(1)

@@ -16,6 +16,25 @@ type Config struct {
 	DataDir string
 	// Listen is the API's TCP address; port 0 picks a free port.
 	Listen string
+	// Advertise is the API address peers forward to; defaults to the
+	// address Listen bound.
+	Advertise string
+	// RaftListen is the Raft transport's TCP address. Empty: a single node
+	// that never has peers.
+	RaftListen string
+	// RaftAdvertise is the Raft address peers dial; defaults to RaftListen.
+	RaftAdvertise string
+	// Bootstrap makes a node with an empty data directory a new one-voter
+	// cluster (a node without RaftListen always is one).
+	Bootstrap bool
+	// Join lists API addresses of cluster members to ask to add this node.
+	Join []string
+	// ElectionTimeout is how long followers wait for the leader before an
+	// election; zero means 500ms.
+	ElectionTimeout time.Duration
+	// SnapshotThreshold is how many log entries trigger a snapshot; zero
+	// means Raft's default (8192).
+	SnapshotThreshold uint64
 	// DefaultTTL is the TTL of an acquire that names none.
 	DefaultTTL time.Duration
 	// MinTTL and MaxTTL bound the TTL an acquire may ask for.
@@ -55,6 +74,27 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
+	}
+	if c.RaftListen == "" {
+		if c.Bootstrap || len(c.Join) > 0 || c.RaftAdvertise != "" {
+			return errors.New("--bootstrap, --join and --raft-advertise need --raft-listen: a node without a Raft address is a cluster of one")
+		}
+		return nil
+	}
+	if c.Bootstrap && len(c.Join) > 0 {
+		return errors.New("give --bootstrap (start a new cluster) or --join (enter an existing one), not both")
+	}
+	if _, _, err := net.SplitHostPort(c.RaftListen); err != nil {
+		return fmt.Errorf("raft listen address %q: %w", c.RaftListen, err)
+	}
+	if c.Advertise == "" {
+		// Peers forward to the address Listen binds: it must be one they can dial.
+		host, _, _ := net.SplitHostPort(c.Listen)
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("API address %q cannot be dialled by peers; give --advertise host:port", c.Listen)
+		}
+	} else if err := validateHostPort("advertise", c.Advertise); err != nil {
+		return err
 	}
 	return nil
 }

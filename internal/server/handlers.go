@@ -110,6 +110,11 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
+	// A deposed leader that has not noticed must not confirm: the new
+	// leader would count the TTL from its own start, not from this renewal.
+	if err := s.node.VerifyLeader(ctx); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
 		slog.String("scope", scope), slog.Uint64("token", r.Lease.Token),
 		slog.String("lease_id", id.String()), slog.String("holder", r.Lease.Holder), slog.Duration("ttl", ttl))
@@ -144,6 +149,11 @@ func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetReques
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
+	// Linearizable: every grant acknowledged before this call was applied
+	// here, and no other leader has been elected since.
+	if err := s.node.VerifyLeader(ctx); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	var in fsm.ScopeInfo
 	s.node.Read(func(st *fsm.State) { in = st.Get(req.Msg.Scope) })
 	resp := &fencev1.GetResponse{Scope: in.Scope, LastToken: in.Last, Waiters: uint32(in.Waiters)}
@@ -171,6 +181,9 @@ func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequ
 		return nil, wire.ToConnect(err)
 	}
 	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.node.VerifyLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	var held []fsm.ScopeInfo

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,11 +35,15 @@ type Server struct {
 	waiters   waiters
 	ready     atomic.Bool // leader with a complete state: serving
 
-	http *http.Server
-	ln   net.Listener
+	http   *http.Server
+	ln     net.Listener
+	proxy  *httputil.ReverseProxy // to the leader
+	peers  *http.Client           // for joining and asking peers
+	failed chan error             // a background task's fatal error
 
 	mu         sync.Mutex // guards stopExpiry
 	stopExpiry context.CancelFunc
+	stopJoin   context.CancelFunc
 	bg         sync.WaitGroup
 }
 
@@ -49,16 +54,24 @@ func Start(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)}}
+	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)},
+		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1)}
+	s.proxy = s.newProxy()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	s.ln = ln
 	node, err := raftnode.Open(raftnode.Config{
-		NodeID:    cfg.NodeID,
-		DataDir:   cfg.DataDir,
-		Logger:    cfg.Logger,
+		NodeID:            cfg.NodeID,
+		DataDir:           cfg.DataDir,
+		RaftListen:        cfg.RaftListen,
+		RaftAdvertise:     cfg.RaftAdvertise,
+		Bootstrap:         cfg.Bootstrap,
+		HeartbeatTimeout:  cfg.ElectionTimeout,
+		ElectionTimeout:   cfg.ElectionTimeout,
+		SnapshotThreshold: cfg.SnapshotThreshold,
+		Logger:            cfg.Logger,
 		OnEvents:  s.onEvents,
 		OnRestore: func() { s.log.Info("state restored from snapshot") },
 		OnLeader:  s.onLeader,
@@ -70,13 +83,15 @@ func Start(cfg Config) (*Server, error) {
 	s.node = node
 
 	mux := http.NewServeMux()
-	mux.Handle(fencev1connect.NewLeaseServiceHandler(s,
+	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(maxRequestBytes),
 		// Compressing a 200-byte answer costs more than sending it.
-		connect.WithCompressMinBytes(4<<10),
-	))
+		connect.WithCompressMinBytes(4 << 10),
+	}
+	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
 	s.http = &http.Server{
-		Handler:           mux,
+		Handler:           s.forward(mux),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
@@ -90,7 +105,16 @@ func Start(cfg Config) (*Server, error) {
 			s.log.Error("serve", "err", err)
 		}
 	}()
-	s.log.Info("fenced started", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID)
+	if len(cfg.Join) > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopJoin = cancel
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.join(ctx)
+		}()
+	}
+	s.log.Info("fenced started", "listen", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID)
 	return s, nil
 }
 
@@ -114,6 +138,9 @@ func (s *Server) Close(ctx context.Context) error {
 		s.stopExpiry = nil
 	}
 	s.mu.Unlock()
+	if s.stopJoin != nil {
+		s.stopJoin()
+	}
 	err = errors.Join(err, s.node.Close())
 	s.bg.Wait()
 	return err
@@ -126,11 +153,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	var failed error
+	select {
+	case <-ctx.Done():
+	case failed = <-s.failed:
+	}
 	s.log.Info("fenced stopping")
 	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return s.Close(shut)
+	return errors.Join(failed, s.Close(shut))
 }
 
 // onLeader runs on leadership changes. A new leader first applies its whole
@@ -183,6 +214,9 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	s.deadlines.reset(leases, time.Now())
 	if _, err := s.node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: time.Now().UnixNano()}); err != nil {
 		return fmt.Errorf("promote: %w", err)
+	}
+	if err := s.recordSelf(bctx); err != nil {
+		return fmt.Errorf("record this node's API address: %w", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -1,0 +1,131 @@
+package raftnode
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// Server is one member of the Raft configuration.
+type Server struct {
+	ID       string
+	RaftAddr string
+	Voter    bool
+}
+
+// Status is this node's view of the cluster.
+type Status struct {
+	NodeID       string
+	State        string // leader, follower, candidate or shutdown
+	LeaderID     string // empty while there is none known
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	Servers      []Server
+}
+
+// Status reports this node's view of the cluster.
+func (n *Node) Status() (Status, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return Status{}, raftError(err)
+	}
+	_, leader := n.raft.LeaderWithID()
+	st := Status{
+		NodeID:       n.cfg.NodeID,
+		State:        stateName(n.raft.State()),
+		LeaderID:     string(leader),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.raft.AppliedIndex(),
+	}
+	for _, s := range f.Configuration().Servers {
+		st.Servers = append(st.Servers, Server{ID: string(s.ID), RaftAddr: string(s.Address), Voter: s.Suffrage == raft.Voter})
+	}
+	return st, nil
+}
+
+func stateName(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Follower:
+		return "follower"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Shutdown:
+		return "shutdown"
+	}
+	return "unknown"
+}
+
+// LeaderID returns the ID of the leader this node knows of, or "".
+func (n *Node) LeaderID() string {
+	_, id := n.raft.LeaderWithID()
+	return string(id)
+}
+
+// RaftAddr returns the address peers reach this node's transport at.
+func (n *Node) RaftAddr() string {
+	if t, ok := n.trans.(raft.Transport); ok {
+		return string(t.LocalAddr())
+	}
+	return ""
+}
+
+// VerifyLeader confirms, with a round trip to a quorum, that this node is
+// still the leader: no other node can have been elected before the quorum
+// answered. Reads and renewals call it so that a deposed leader that has
+// not noticed yet answers nothing on stale authority.
+func (n *Node) VerifyLeader(ctx context.Context) error {
+	return n.wait(ctx, n.raft.VerifyLeader())
+}
+
+// AddVoter records id's API address in the replicated state, which refuses
+// a removed ID, then makes id a voter at raftAddr. Adding a voter that is
+// already a voter at that address changes nothing in the configuration.
+func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error {
+	r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetNode, Node: id, Addr: apiAddr})
+	if err != nil {
+		return err
+	}
+	if r.Outcome == fsm.Invalid {
+		return r.Err
+	}
+	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx)))
+}
+
+// RemoveServer takes id out of the configuration and records it as removed
+// for good.
+func (n *Node) RemoveServer(ctx context.Context, id string) error {
+	if err := n.wait(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx))); err != nil {
+		return err
+	}
+	_, err := n.Apply(ctx, fsm.Command{Op: fsm.OpForgetNode, Node: id})
+	return err
+}
+
+// wait waits for f, giving up when ctx ends; raft futures cannot be
+// cancelled, so the operation may still complete afterwards.
+func (n *Node) wait(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return raftError(err)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %v", fence.ErrUnavailable, ctx.Err())
+	}
+}
+
+func timeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return 10 * time.Second
+}

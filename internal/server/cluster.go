@@ -1,0 +1,287 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/raftnode"
+	"github.com/fence-dev/fence/internal/wire"
+)
+
+// forwardedHeader marks a request one node forwarded to the leader, so a
+// node that is not (or no longer) the serving leader answers it itself,
+// with Unavailable, instead of forwarding it on in a loop.
+const forwardedHeader = "Fence-Forwarded-By"
+
+// selfOnlyHeader asks ClusterService.Status for the answering node alone;
+// the node asked by a user adds it when it asks its peers.
+const selfOnlyHeader = "Fence-Status-Self"
+
+// h2c speaks HTTP/2 without TLS, which gRPC needs end to end.
+func h2c() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetUnencryptedHTTP2(true)
+	return t
+}
+
+type leaderKey struct{}
+
+// newProxy returns the reverse proxy that carries requests to the leader.
+// It forwards whole HTTP requests, so every protocol the API speaks (gRPC,
+// Connect, JSON) and every RPC go through one path.
+func (s *Server) newProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = pr.In.Context().Value(leaderKey{}).(string)
+			pr.Out.Header.Set(forwardedHeader, s.cfg.NodeID)
+		},
+		Transport:     h2c(),
+		FlushInterval: -1, // stream answers as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the caller is gone
+			}
+			// Clients of every protocol read 503 as Unavailable and retry.
+			http.Error(w, fmt.Sprintf("fence: forwarding to the leader at %s failed: %v", r.Context().Value(leaderKey{}), err), http.StatusServiceUnavailable)
+		},
+	}
+}
+
+// forward sends a request to the leader when this node is not the serving
+// leader, and serves it here otherwise (including when no leader is known:
+// the handler then answers Unavailable).
+func (s *Server) forward(next http.Handler) http.Handler {
+	status := "/" + fencev1connect.ClusterServiceName + "/Status"
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.ready.Load() || r.URL.Path == status || r.Header.Get(forwardedHeader) != "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		addr := s.leaderAPI()
+		if addr == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), leaderKey{}, addr)))
+	})
+}
+
+// leaderAPI returns the API address of the leader when it is another node.
+func (s *Server) leaderAPI() string {
+	id := s.node.LeaderID()
+	if id == "" || id == s.cfg.NodeID {
+		return ""
+	}
+	var addr string
+	s.node.Read(func(st *fsm.State) { addr = st.Nodes()[id] })
+	return addr
+}
+
+// advertise is the API address this node records for its peers.
+func (s *Server) advertise() string {
+	if s.cfg.Advertise != "" {
+		return s.cfg.Advertise
+	}
+	return s.ln.Addr().String()
+}
+
+// recordSelf makes sure the replicated state has this node's API address,
+// so followers can forward to it. The leader calls it on taking office.
+func (s *Server) recordSelf(ctx context.Context) error {
+	var have string
+	s.node.Read(func(st *fsm.State) { have = st.Nodes()[s.cfg.NodeID] })
+	if have == s.advertise() {
+		return nil
+	}
+	r, err := s.node.Apply(ctx, fsm.Command{Op: fsm.OpSetNode, Node: s.cfg.NodeID, Addr: s.advertise()})
+	if err == nil && r.Outcome == fsm.Invalid {
+		err = r.Err
+	}
+	return err
+}
+
+// cluster implements fence.v1.ClusterService.
+type cluster struct{ s *Server }
+
+// Status implements fence.v1.ClusterService.Status. The node asked reports
+// the configuration and asks each peer for its own state, so a dead peer
+// shows as unreachable rather than as a follower.
+func (c cluster) Status(ctx context.Context, req *connect.Request[fencev1.StatusRequest]) (*connect.Response[fencev1.StatusResponse], error) {
+	st, err := c.s.node.Status()
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	resp := &fencev1.StatusResponse{Leader: st.LeaderID, NodeId: st.NodeID, Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex}
+	resp.Nodes = c.s.nodes(st)
+	if req.Header().Get(selfOnlyHeader) != "" {
+		return connect.NewResponse(resp), nil
+	}
+	var wg sync.WaitGroup
+	for _, n := range resp.Nodes {
+		if n.Id == st.NodeID {
+			continue
+		}
+		if n.ApiAddr == "" {
+			n.State = "unknown"
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.State = c.s.peerState(ctx, n.Id, n.ApiAddr)
+		}()
+	}
+	wg.Wait()
+	return connect.NewResponse(resp), nil
+}
+
+func (s *Server) nodes(st raftnode.Status) []*fencev1.Node {
+	var addrs map[string]string
+	s.node.Read(func(fs *fsm.State) { addrs = fs.Nodes() })
+	var out []*fencev1.Node
+	for _, sv := range st.Servers {
+		n := &fencev1.Node{Id: sv.ID, RaftAddr: sv.RaftAddr, ApiAddr: addrs[sv.ID], Voter: sv.Voter, State: "unknown"}
+		if sv.ID == st.NodeID {
+			n.State = st.State
+			n.ApiAddr = s.advertise()
+		}
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b *fencev1.Node) int { return strings.Compare(a.Id, b.Id) })
+	return out
+}
+
+func (s *Server) peerState(ctx context.Context, id, addr string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req := connect.NewRequest(&fencev1.StatusRequest{})
+	req.Header().Set(selfOnlyHeader, "1")
+	resp, err := fencev1connect.NewClusterServiceClient(s.peers, "http://"+addr).Status(ctx, req)
+	if err != nil {
+		return "unreachable"
+	}
+	if resp.Msg.NodeId != id {
+		return "unreachable" // someone else answers at that address
+	}
+	for _, n := range resp.Msg.Nodes {
+		if n.Id == id {
+			return n.State
+		}
+	}
+	return "unknown"
+}
+
+// AddNode implements fence.v1.ClusterService.AddNode. It runs on the leader
+// (followers forward it).
+func (c cluster) AddNode(ctx context.Context, req *connect.Request[fencev1.AddNodeRequest]) (*connect.Response[fencev1.AddNodeResponse], error) {
+	m := req.Msg
+	if err := fsm.ValidateNodeID(m.Id); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	for field, a := range map[string]string{"raft_addr": m.RaftAddr, "api_addr": m.ApiAddr} {
+		if err := validateHostPort(field, a); err != nil {
+			return nil, wire.ToConnect(err)
+		}
+	}
+	if err := c.s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := c.s.node.AddVoter(ctx, m.Id, m.RaftAddr, m.ApiAddr); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	c.s.log.Info("node added", "node_id", m.Id, "raft_addr", m.RaftAddr, "api_addr", m.ApiAddr)
+	st, err := c.s.node.Status()
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&fencev1.AddNodeResponse{Nodes: c.s.nodes(st)}), nil
+}
+
+// RemoveNode implements fence.v1.ClusterService.RemoveNode.
+func (c cluster) RemoveNode(ctx context.Context, req *connect.Request[fencev1.RemoveNodeRequest]) (*connect.Response[fencev1.RemoveNodeResponse], error) {
+	id := req.Msg.Id
+	if err := fsm.ValidateNodeID(id); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := c.s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	st, err := c.s.node.Status()
+	if err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if !slices.ContainsFunc(st.Servers, func(sv raftnode.Server) bool { return sv.ID == id }) {
+		return nil, wire.ToConnect(&fence.InvalidError{Field: "node_id", Reason: fmt.Sprintf("%q is not a member of the cluster", id)})
+	}
+	if len(st.Servers) == 1 {
+		return nil, wire.ToConnect(&fence.InvalidError{Field: "node_id", Reason: fmt.Sprintf("%q is the only member; a cluster cannot remove its last node", id)})
+	}
+	if err := c.s.node.RemoveServer(ctx, id); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	c.s.log.Info("node removed", "node_id", id)
+	if st, err = c.s.node.Status(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	return connect.NewResponse(&fencev1.RemoveNodeResponse{Nodes: c.s.nodes(st)}), nil
+}
+
+func validateHostPort(field, a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil || host == "" || port == "" || port == "0" {
+		return &fence.InvalidError{Field: field, Reason: fmt.Sprintf("%q is not host:port", a)}
+	}
+	return nil
+}
+
+// join asks the cluster at cfg.Join to add this node, trying each address
+// in turn until one answers. A refusal (a removed ID, a bad address) is
+// final and stops the server.
+func (s *Server) join(ctx context.Context) {
+	req := &fencev1.AddNodeRequest{Id: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), ApiAddr: s.advertise()}
+	for attempt, backoff := 0, 200*time.Millisecond; ; attempt, backoff = attempt+1, min(2*backoff, 5*time.Second) {
+		addr := s.cfg.Join[attempt%len(s.cfg.Join)]
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := fencev1connect.NewClusterServiceClient(s.peers, "http://"+addr).AddNode(actx, connect.NewRequest(req))
+		cancel()
+		if err == nil {
+			s.log.Info("joined the cluster", "via", addr)
+			return
+		}
+		if connect.CodeOf(err) == connect.CodeInvalidArgument {
+			s.fatal(fmt.Errorf("the cluster at %s refused to add this node: %w", addr, wire.FromConnect(err)))
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("joining the cluster; will retry", "via", addr, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+func (s *Server) fatal(err error) {
+	select {
+	case s.failed <- err:
+	default:
+	}
+}
