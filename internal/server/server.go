@@ -72,9 +72,9 @@ func Start(cfg Config) (*Server, error) {
 		ElectionTimeout:   cfg.ElectionTimeout,
 		SnapshotThreshold: cfg.SnapshotThreshold,
 		Logger:            cfg.Logger,
-		OnEvents:  s.onEvents,
-		OnRestore: func() { s.log.Info("state restored from snapshot") },
-		OnLeader:  s.onLeader,
+		OnEvents:          s.onEvents,
+		OnRestore:         func() { s.log.Info("state restored from snapshot") },
+		OnLeader:          s.onLeader,
 	})
 	if err != nil {
 		ln.Close()
