@@ -1,0 +1,161 @@
+package grpcguard
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+)
+
+// The default metadata keys. gRPC metadata keys are lowercase.
+const (
+	TokenKey    = "fencing-token"
+	SequenceKey = "fencing-sequence"
+)
+
+// Option configures the interceptors of this package.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithMetadataKey reads the token from (server side) or writes it to
+// (client side) the named metadata key instead of fencing-token. Both
+// sides must agree.
+func WithMetadataKey(key string) Option {
+	return optionFunc(func(c *config) { c.key = strings.ToLower(key) })
+}
+
+type config struct {
+	key string
+}
+
+func newConfig(opts []Option) *config {
+	c := &config{key: TokenKey}
+	for _, o := range opts {
+		o.apply(c)
+	}
+	return c
+}
+
+// ScopeFunc decides whether the method of a call is fenced, and in which
+// scope. ctx is the call's, so a scope may depend on its incoming metadata
+// or peer as well as on the method. It must be safe for concurrent use.
+type ScopeFunc func(ctx context.Context, fullMethod string) (scope string, ok bool)
+
+// Methods returns a ScopeFunc that fences the named methods
+// ("/package.Service/Method") in scope and lets every other method pass
+// unchecked.
+func Methods(scope string, fullMethods ...string) ScopeFunc {
+	fullMethods = slices.Clone(fullMethods)
+	return func(_ context.Context, fullMethod string) (string, bool) {
+		return scope, slices.Contains(fullMethods, fullMethod)
+	}
+}
+
+// UnaryServerInterceptor returns an interceptor that runs the handlers of
+// the methods scope fences inside g's fenced section for their scope, if
+// the call's token is current. It is safe for concurrent use.
+func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
+	c := newConfig(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		s, ok := scope(ctx, info.FullMethod)
+		if !ok {
+			return handler(ctx, req)
+		}
+		var resp any
+		err := c.fence(ctx, g, s, func(ctx context.Context) error {
+			var err error
+			resp, err = handler(ctx, req)
+			return err
+		})
+		return resp, err
+	}
+}
+
+// StreamServerInterceptor returns an interceptor that runs the handlers of
+// the streams scope fences, from their start to their end, inside g's
+// fenced section for their scope, if the stream's token is current. It is
+// safe for concurrent use.
+func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.StreamServerInterceptor {
+	c := newConfig(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		s, ok := scope(ss.Context(), info.FullMethod)
+		if !ok {
+			return handler(srv, ss)
+		}
+		return c.fence(ss.Context(), g, s, func(ctx context.Context) error {
+			return handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
+		})
+	}
+}
+
+// serverStream hands the handler the context of the fenced section, which
+// a store may have derived (to carry its transaction, say).
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }
+
+// fence runs handle inside g's fenced section for scope and returns the
+// handler's error unchanged, or the status of a rejection.
+func (c *config) fence(ctx context.Context, g *guard.Guard, scope string, handle func(context.Context) error) error {
+	w, err := c.write(ctx)
+	if err != nil {
+		return err
+	}
+	var ran bool
+	var handleErr error
+	err = g.Fence(ctx, scope, w, func(ctx context.Context) error {
+		ran = true
+		handleErr = handle(ctx)
+		// Record the token even when the handler fails: some of its side
+		// effects may have happened, and a token that passed the check
+		// is never older than the scope's highest, so recording it
+		// cannot refuse a current writer.
+		return nil
+	})
+	if ran && handleErr != nil {
+		return handleErr
+	}
+	if err != nil {
+		return statusError(c.key, err)
+	}
+	return nil
+}
+
+// write reads the token and sequence number from the incoming metadata.
+func (c *config) write(ctx context.Context) (guard.Write, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(c.key)
+	switch len(vals) {
+	case 0:
+		return guard.Write{}, invalidArgument(c.key, fmt.Sprintf("missing %s metadata: want the lease's token, e.g. %s: fence:v1:SCOPE:TOKEN", c.key, c.key))
+	case 1:
+	default:
+		return guard.Write{}, invalidArgument(c.key, fmt.Sprintf("%d %s metadata values: want exactly one", len(vals), c.key))
+	}
+	tok, err := fence.ParseToken(vals[0])
+	if err != nil {
+		return guard.Write{}, invalidArgument(c.key, fmt.Sprintf("%s metadata: %v", c.key, err))
+	}
+	w := guard.Write{Token: tok}
+	if seqs := md.Get(SequenceKey); len(seqs) > 0 {
+		seq, err := strconv.ParseUint(seqs[0], 10, 64)
+		if len(seqs) > 1 || err != nil || seq == 0 {
+			return guard.Write{}, invalidArgument(SequenceKey, fmt.Sprintf("%s metadata %q: want one decimal integer from 1 to %d", SequenceKey, strings.Join(seqs, ", "), uint64(1<<64-1)))
+		}
+		w.Seq = seq
+	}
+	return w, nil
+}
