@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -25,15 +27,27 @@ import (
 // DefaultAddr is where fenced listens unless told otherwise.
 const DefaultAddr = "127.0.0.1:7480"
 
-// Client talks to a fenced service. It is safe for concurrent use.
+// Client talks to a fenced service of one node or a cluster. It is safe
+// for concurrent use.
 type Client struct {
-	rpc  fencev1connect.LeaseServiceClient
-	http *http.Client
-	cfg  config
+	nodes []node
+	cur   atomic.Int32 // index into nodes of the address calls go to
+	http  *http.Client
+	cfg   config
 }
 
-// New returns a client of the service at addr ("host:port" or an http://
-// URL). It does not connect until the first call.
+// node is one address the client may call, with its service clients.
+type node struct {
+	lease   fencev1connect.LeaseServiceClient
+	cluster fencev1connect.ClusterServiceClient
+}
+
+// New returns a client of the service at addr: one address ("host:port" or
+// an http:// or https:// URL) or a comma-separated list of them, one per
+// node of a cluster, such as "10.0.0.1:7480,10.0.0.2:7480,10.0.0.3:7480".
+// Calls go to the first address until it fails, then to the next (see the
+// package documentation, Several addresses). New does not connect until
+// the first call.
 func New(addr string, opts ...Option) (*Client, error) {
 	cfg := config{retryTimeout: 10 * time.Second, acquire: acquireConfig{ttl: 10 * time.Second}}
 	for _, o := range opts {
@@ -42,7 +56,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if cfg.acquire.holder == "" {
 		cfg.acquire.holder = defaultHolder()
 	}
-	base, err := baseURL(addr)
+	bases, err := baseURLs(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -53,16 +67,44 @@ func New(addr string, opts ...Option) (*Client, error) {
 		t.Protocols.SetUnencryptedHTTP2(true)
 		h = &http.Client{Transport: t}
 	}
-	return &Client{rpc: fencev1connect.NewLeaseServiceClient(h, base), http: h, cfg: cfg}, nil
+	c := &Client{http: h, cfg: cfg}
+	for _, base := range bases {
+		c.nodes = append(c.nodes, node{
+			lease:   fencev1connect.NewLeaseServiceClient(h, base),
+			cluster: fencev1connect.NewClusterServiceClient(h, base),
+		})
+	}
+	return c, nil
+}
+
+// baseURLs parses New's address list. Duplicates are refused: a node
+// listed twice would take two turns in the failover order, which is never
+// what was meant.
+func baseURLs(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, fmt.Errorf("client: empty address; want host:port such as %s", DefaultAddr)
+	}
+	parts := strings.Split(list, ",")
+	var bases []string
+	for i, addr := range parts {
+		addr = strings.TrimSpace(addr)
+		if addr == "" {
+			return nil, fmt.Errorf("client: %q: address %d of %d is empty; want host:port[,host:port...]", list, i+1, len(parts))
+		}
+		base, err := baseURL(addr)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(bases, base) {
+			return nil, fmt.Errorf("client: %q: %s is listed twice; want each node's host:port once", list, addr)
+		}
+		bases = append(bases, base)
+	}
+	return bases, nil
 }
 
 func baseURL(addr string) (string, error) {
-	addr = strings.TrimSpace(addr)
 	switch {
-	case addr == "":
-		return "", fmt.Errorf("client: empty address; want host:port such as %s", DefaultAddr)
-	case strings.Contains(addr, ","):
-		return "", fmt.Errorf("client: %q: several addresses are not supported yet; give one host:port", addr)
 	case strings.HasPrefix(addr, "http://"), strings.HasPrefix(addr, "https://"):
 		return strings.TrimSuffix(addr, "/"), nil
 	case strings.Contains(addr, "://"):
@@ -120,10 +162,13 @@ func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fenc
 	}
 	var sent time.Time
 	attempts := 0
-	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.AcquireResponse], error) {
+	// Every attempt sends this one req, whichever node it goes to: the
+	// request ID is what lets the leader answer a retry after a failover
+	// with the grant the lost answer carried.
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AcquireResponse], error) {
 		attempts++
 		sent = time.Now()
-		return c.rpc.Acquire(ctx, connect.NewRequest(req))
+		return n.lease.Acquire(ctx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return fence.Lease{}, time.Time{}, false, fmt.Errorf("acquire %q: %w", scope, err)
@@ -133,8 +178,8 @@ func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fenc
 
 // Renew extends a lease by its TTL once. The token does not change.
 func (c *Client) Renew(ctx context.Context, scope string, id fence.LeaseID) (fence.Lease, error) {
-	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.RenewResponse], error) {
-		return c.rpc.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: scope, LeaseId: id.String()}))
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewResponse], error) {
+		return n.lease.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: scope, LeaseId: id.String()}))
 	})
 	if err != nil {
 		return fence.Lease{}, fmt.Errorf("renew %q: %w", scope, err)
@@ -146,8 +191,8 @@ func (c *Client) Renew(ctx context.Context, scope string, id fence.LeaseID) (fen
 // a greater token.
 func (c *Client) Release(ctx context.Context, scope string, id fence.LeaseID) (uint64, error) {
 	ambiguous := false
-	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.ReleaseResponse], error) {
-		r, err := c.rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: scope, LeaseId: id.String()}))
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReleaseResponse], error) {
+		r, err := n.lease.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: scope, LeaseId: id.String()}))
 		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
 			ambiguous = true
 		}
@@ -174,8 +219,8 @@ type ScopeState struct {
 
 // Get reports a scope's current lease, if any, and its last token.
 func (c *Client) Get(ctx context.Context, scope string) (ScopeState, error) {
-	resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.GetResponse], error) {
-		return c.rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: scope}))
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.GetResponse], error) {
+		return n.lease.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: scope}))
 	})
 	if err != nil {
 		return ScopeState{}, fmt.Errorf("get %q: %w", scope, err)
@@ -194,8 +239,8 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 	var out []fence.Lease
 	page := ""
 	for {
-		resp, err := retry(ctx, c.cfg.retryTimeout, func() (*connect.Response[fencev1.ListResponse], error) {
-			return c.rpc.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, PageToken: page}))
+		resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ListResponse], error) {
+			return n.lease.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, PageToken: page}))
 		})
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w", prefix, err)
@@ -209,15 +254,19 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 	}
 }
 
-// retry calls f until it succeeds, fails for a reason other than the
-// service being unavailable, ctx ends, or the budget runs out. Backoff is
-// exponential with full jitter, from 20ms to 1s. Errors come back as
-// fence's errors.
-func retry[T any](ctx context.Context, budget time.Duration, f func() (T, error)) (T, error) {
-	give := time.Now().Add(budget)
+// retry calls f with the current node until it succeeds, fails for a
+// reason other than the service being unavailable, ctx ends, or the
+// client's retry budget runs out. After each failure that says the node is
+// unavailable the client moves on to the next address, so the retry, and
+// every later call, goes there. Backoff is exponential with full jitter,
+// from 20ms to 1s, and one budget covers all the addresses tried. Errors
+// come back as fence's errors.
+func retry[T any](ctx context.Context, c *Client, f func(*node) (T, error)) (T, error) {
+	give := time.Now().Add(c.cfg.retryTimeout)
 	backoff := 20 * time.Millisecond
 	for {
-		v, err := f()
+		i := c.cur.Load()
+		v, err := f(&c.nodes[i])
 		if err == nil {
 			return v, nil
 		}
@@ -225,6 +274,9 @@ func retry[T any](ctx context.Context, budget time.Duration, f func() (T, error)
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return v, err
 		}
+		// Only the call that saw the failure moves on: concurrent calls
+		// failing on the same node must not skip the next one.
+		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
 		sleep := rand.N(backoff) + time.Millisecond
 		if time.Now().Add(sleep).After(give) {
 			return v, err

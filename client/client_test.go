@@ -964,13 +964,19 @@ func TestConcurrentHolders(t *testing.T) {
 	}
 }
 
-// TestNewRejectsBadAddresses: New explains what address it wants.
+// TestNewRejectsBadAddresses: New explains what address it wants. A list
+// of addresses is trimmed; empty elements and duplicates are refused.
 func TestNewRejectsBadAddresses(t *testing.T) {
 	for _, tc := range []struct{ addr, want string }{
 		{"", "empty address"},
 		{"   ", "empty address"},
-		{"a:1,b:2", "several addresses"},
 		{"ftp://x", "unsupported scheme"},
+		{"a:1,,b:2", "address 2 of 3 is empty"},
+		{"a:1,", "address 2 of 2 is empty"},
+		{" , a:1", "address 1 of 2 is empty"},
+		{"a:1,b:2,a:1", "a:1 is listed twice"},
+		{"a:1, http://a:1/", "http://a:1/ is listed twice"},
+		{"a:1,ftp://b", "unsupported scheme"},
 	} {
 		c, err := client.New(tc.addr)
 		if err == nil {
@@ -982,7 +988,8 @@ func TestNewRejectsBadAddresses(t *testing.T) {
 			t.Errorf("New(%q) = %q, want it to say %q and what is expected (host:port)", tc.addr, err, tc.want)
 		}
 	}
-	for _, addr := range []string{"127.0.0.1:7480", "localhost:1", "http://127.0.0.1:7480/", "https://fence.example:443"} {
+	for _, addr := range []string{"127.0.0.1:7480", "localhost:1", "http://127.0.0.1:7480/", "https://fence.example:443",
+		"a:1,b:2", " a:1 , http://b:2/ ,https://c:3", "a:1,a:2,b:1"} {
 		c, err := client.New(addr)
 		if err != nil {
 			t.Errorf("New(%q) = %v", addr, err)

@@ -12,7 +12,8 @@
 //
 // # Usage
 //
-// Create one [Client] per service and share it; it is safe for concurrent
+// Create one [Client] per service (one per cluster, listing all its nodes)
+// and share it; it is safe for concurrent
 // use. Acquire a lease, do the work under its context, send its token with
 // every write, and release it when done:
 //
@@ -103,6 +104,30 @@
 // release retried after an attempt whose answer was cut off reports
 // success if the lease turns out to be no longer current.
 //
+// # Several addresses
+//
+// A replicated fenced runs as a cluster of three or five nodes. Give New
+// every node's address, comma-separated, in the order to try them:
+//
+//	c, err := client.New("10.0.0.1:7480,10.0.0.2:7480,10.0.0.3:7480")
+//
+// Any live node takes any call: followers forward lease calls and
+// membership changes to the leader. The client sends its calls to one
+// address at a time, the first at the start. When a call finds that node
+// unavailable (refused or reset connections, answers cut off, or a node
+// that knows no leader), the client moves to the next address in the list,
+// wrapping around, and retries there after the usual backoff; it stays on
+// the new address for later calls, including the renewals of every
+// [Lease]. The retry budget of [WithRetryTimeout] is for the whole call,
+// across every address it tries: with a budget of 0 a call makes one
+// attempt, at one address. An acquire keeps its request ID across
+// addresses, so an acquire whose answer was lost in a failover gets the
+// grant that answer carried, never a second token.
+//
+// [Client.ClusterStatus] reports the cluster as the node the client is
+// talking to sees it; [Client.AddNode] and [Client.RemoveNode] change its
+// membership.
+//
 // # Caveats
 //
 // A valid Lease does not make a write safe on its own: authority can end
@@ -129,6 +154,12 @@
 // service whose maximum TTL is lower refuses an acquire without WithTTL
 // with a *[fence.InvalidError] for the field "ttl".
 //
-// New accepts one address; clients of a replicated service cannot yet list
-// several nodes.
+// A client moves to another address only when the one it uses fails; it
+// neither spreads its calls over the nodes nor goes back to an earlier
+// address once that node recovers. Clients that list the nodes in the same
+// order all send their calls to the same node while it lives.
+//
+// A RemoveNode whose answer was cut off is retried like any call; if the
+// lost attempt did remove the node, the retry may fail although the node
+// is gone. [Client.ClusterStatus] shows the outcome.
 package client

@@ -5,11 +5,44 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 )
+
+func ExampleNew() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	down := ln.Addr().String() // a node that is down: it refuses connections
+	ln.Close()
+
+	// Every node of the cluster, in the order to try them. The client
+	// moves on from the node that is down and stays with the one that
+	// answers.
+	c, err := client.New(down + "," + srv.Addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+
+	lease, err := c.Acquire(ctx, "orders", client.WithHolder("worker-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(lease.Token())
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// fence:v1:orders:1
+}
 
 func ExampleClient_Acquire() {
 	srv := fencetest.NewServer()

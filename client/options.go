@@ -32,13 +32,14 @@ type acquireConfig struct {
 	margin    time.Duration
 }
 
-// WithHTTPClient makes the client use h for its calls. The default speaks
-// HTTP/2 without TLS (h2c) to the service.
+// WithHTTPClient makes the client use h for its calls, to every address.
+// The default speaks HTTP/2 without TLS (h2c) to the service.
 func WithHTTPClient(h *http.Client) Option { return optionFunc(func(c *config) { c.httpClient = h }) }
 
 // WithRetryTimeout bounds how long a call keeps retrying while the service
-// is unreachable or has no leader (default 10s). The call's context can end
-// it sooner.
+// is unreachable or has no leader (default 10s). It is one budget for the
+// whole call, however many of the client's addresses it tries; 0 makes
+// every call a single attempt. The call's context can end it sooner.
 func WithRetryTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.retryTimeout = d })
 }

@@ -1,7 +1,8 @@
 // Command fencectl is the command line of the fence lease service: acquire,
-// renew, release, get and list leases, and run a command under a lease that
-// is kept alive while it runs. Run "fencectl --help" for the commands, the
-// output formats and the exit statuses.
+// renew, release, get and list leases, run a command under a lease that is
+// kept alive while it runs, and show and change a cluster's members. Run
+// "fencectl --help" for the commands, the output formats and the exit
+// statuses.
 package main
 
 import (

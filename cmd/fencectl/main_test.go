@@ -67,13 +67,7 @@ const maxTTL = time.Minute
 // ends.
 func startFenced(t *testing.T) *fenced {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
+	addr := freeAddr(t)
 	logPath := filepath.Join(t.TempDir(), "fenced.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -122,6 +116,19 @@ func startFenced(t *testing.T) *fenced {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// freeAddr returns a loopback address nothing listens on: free to listen
+// on, and refusing connections until something does.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // result is how one fencectl run ended.
@@ -701,7 +708,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"acquire", "x", "--timeout", "-1s"}, 2, "--timeout -1s"},
 		{[]string{"acquire", "x", "--bogus"}, 2, "unknown flag: --bogus"},
 		{[]string{"acquire", "x", "-o", "yaml"}, 2, `--output "yaml": want text or json`},
-		{[]string{"acquire", "x", "--addr", "a,b"}, 2, "--addr"},
+		{[]string{"acquire", "x", "--addr", "a:1,,b:2"}, 2, "--addr"},
+		{[]string{"acquire", "x", "--addr", "a:1,a:1"}, 2, "listed twice"},
 		{[]string{"renew", "x"}, 2, `required flag(s) "lease" not set`},
 		{[]string{"renew", "x", "--lease", "abc"}, 2, "invalid lease_id"},
 		{[]string{"release", "x", "--lease", zero}, 2, "zero ID"},
@@ -761,13 +769,13 @@ func TestHelp(t *testing.T) {
 	t.Parallel()
 	s := &fenced{addr: "127.0.0.1:1"} // help never calls the service
 	r := s.want(t, 0, "--help")
-	for _, want := range []string{"Exit status:", "Examples:", "FENCE_ADDR", "-o json", "acquire", "exec", "held by another lease"} {
+	for _, want := range []string{"Exit status:", "Examples:", "FENCE_ADDR", "comma-separated", "-o json", "acquire", "exec", "cluster", "held by another lease"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("fencectl --help lacks %q", want)
 		}
 	}
-	for _, cmd := range []string{"acquire", "renew", "release", "get", "list", "exec"} {
-		r := s.want(t, 0, cmd, "--help")
+	for _, cmd := range []string{"acquire", "renew", "release", "get", "list", "exec", "cluster", "cluster status", "cluster add", "cluster remove"} {
+		r := s.want(t, 0, append(strings.Fields(cmd), "--help")...)
 		if !strings.Contains(r.stdout, "Examples:\n  fencectl "+cmd) || !strings.Contains(r.stdout, "--addr") {
 			t.Errorf("fencectl %s --help lacks examples or --addr:\n%s", cmd, r.stdout)
 		}

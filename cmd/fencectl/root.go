@@ -39,7 +39,9 @@ Output:
   A lease has the fields scope, token, token_text, lease_id (acquire and
   renew only: the service tells it only to the holder), holder, ttl_ms and
   expires_in_ms. get adds held, last_token and waiters; list prints
-  {"prefix": PREFIX, "leases": [LEASE, ...]}. A failure prints
+  {"prefix": PREFIX, "leases": [LEASE, ...]}; cluster status prints
+  {"leader": ID, "node_id": ID, "term": N, "nodes": [NODE, ...]} with
+  a node's id, api_addr, raft_addr, state and voter. A failure prints
     {"error": MESSAGE, "code": CODE, "exit_status": N}
   with CODE one of usage, invalid, held, lease_lost, not_holder, unavailable,
   timeout, interrupted, tokens_exhausted, error; a held error adds scope,
@@ -63,7 +65,11 @@ Exit status:
   127  the command was not found
 
 Environment:
-  FENCE_ADDR  the service's address, when --addr is not given`
+  FENCE_ADDR  the service's address, when --addr is not given: one
+              host:port, or a cluster's nodes comma-separated, such as
+              10.0.0.1:7481,10.0.0.2:7481,10.0.0.3:7481. Calls go to the
+              first that answers; when a node fails, fencectl retries at
+              the next one, for up to 10s in all.`
 
 const rootExample = `  # Take a lease by hand, renew it within its TTL, release it.
   fencectl acquire orders --holder alice --ttl 30s
@@ -75,7 +81,10 @@ const rootExample = `  # Take a lease by hand, renew it within its TTL, release 
   fencectl list orders/
 
   # Run a job only while holding the lease; it reads $FENCE_TOKEN.
-  fencectl exec orders --wait -- ./nightly-export.sh`
+  fencectl exec orders --wait -- ./nightly-export.sh
+
+  # A cluster: list every node; any live one answers.
+  fencectl cluster status --addr 10.0.0.1:7481,10.0.0.2:7481,10.0.0.3:7481`
 
 // app holds what every command shares: the global flags and the process's
 // standard streams. It is used by one command run at a time.
@@ -126,7 +135,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		addr = v
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.addr, "addr", addr, "the fenced service's host:port or http:// URL (env FENCE_ADDR)")
+	pf.StringVar(&a.addr, "addr", addr, "the fenced service's host:port or http:// URL, or a cluster's, comma-separated (env FENCE_ADDR)")
 	pf.StringVarP(&a.output, "output", "o", "text", "output format: text (for people) or json (one object on stdout, for scripts)")
 
 	root.AddCommand(
@@ -137,6 +146,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newGetCmd(),
 		a.newListCmd(),
 		a.newExecCmd(),
+		a.newClusterCmd(),
 	)
 	return root
 }
@@ -150,7 +160,7 @@ func (a *app) run(f func(cmd *cobra.Command, args []string) error) func(*cobra.C
 	}
 }
 
-// client returns a client of --addr.
+// client returns a client of --addr, which may list several nodes.
 func (a *app) client() (*client.Client, error) {
 	c, err := client.New(a.addr)
 	if err != nil {

@@ -1,0 +1,91 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+)
+
+// ClusterStatus is one node's view of the cluster, as ClusterStatus
+// reports it.
+type ClusterStatus struct {
+	Leader       string // the leader's node ID; empty while there is none
+	NodeID       string // the node that answered
+	Term         uint64 // its current Raft term
+	CommitIndex  uint64 // the last log index it knows to be committed
+	AppliedIndex uint64 // the last log index it has applied
+	Nodes        []Node // every member of the Raft configuration
+}
+
+// Node is a member of the cluster.
+type Node struct {
+	ID       string
+	APIAddr  string // where it serves the lease API, as it advertised it
+	RaftAddr string // where the other nodes reach its Raft transport
+	// State is "leader", "follower", "candidate", "shutdown", or "unknown"
+	// when the node that answered cannot tell.
+	State string
+	Voter bool
+}
+
+// ClusterStatus asks the node the client is talking to for its view of
+// the cluster: its members, their roles, and which node leads. Views can
+// differ between nodes for a while around an election.
+func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.StatusResponse], error) {
+		return n.cluster.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+	})
+	if err != nil {
+		return ClusterStatus{}, fmt.Errorf("cluster status: %w", err)
+	}
+	m := resp.Msg
+	return ClusterStatus{
+		Leader:       m.Leader,
+		NodeID:       m.NodeId,
+		Term:         m.Term,
+		CommitIndex:  m.CommitIndex,
+		AppliedIndex: m.AppliedIndex,
+		Nodes:        nodesFrom(m.Nodes),
+	}, nil
+}
+
+// AddNode makes the node id, reachable for Raft at raftAddr and serving
+// the API at apiAddr, a voting member, and returns the members after the
+// change. Adding a voter again at the same Raft address only updates its
+// API address, so a retried AddNode is harmless. A removed node ID is
+// refused for good: a removed node rejoins under a new ID with an empty
+// data directory.
+func (c *Client) AddNode(ctx context.Context, id, raftAddr, apiAddr string) ([]Node, error) {
+	req := &fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: apiAddr}
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AddNodeResponse], error) {
+		return n.cluster.AddNode(ctx, connect.NewRequest(req))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add node %q: %w", id, err)
+	}
+	return nodesFrom(resp.Msg.Nodes), nil
+}
+
+// RemoveNode takes the node id out of the cluster and returns the members
+// after the change. The ID can never join again.
+func (c *Client) RemoveNode(ctx context.Context, id string) ([]Node, error) {
+	req := &fencev1.RemoveNodeRequest{Id: id}
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RemoveNodeResponse], error) {
+		return n.cluster.RemoveNode(ctx, connect.NewRequest(req))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("remove node %q: %w", id, err)
+	}
+	return nodesFrom(resp.Msg.Nodes), nil
+}
+
+func nodesFrom(ns []*fencev1.Node) []Node {
+	out := make([]Node, 0, len(ns))
+	for _, n := range ns {
+		out = append(out, Node{ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter})
+	}
+	return out
+}

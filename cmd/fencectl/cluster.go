@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// clusterJSON is cluster status's -o json output. Nodes is never null.
+type clusterJSON struct {
+	Leader string      `json:"leader"` // empty while there is none
+	NodeID string      `json:"node_id"`
+	Term   uint64      `json:"term"`
+	Nodes  []*nodeJSON `json:"nodes"`
+}
+
+// membersJSON is the -o json output of cluster add and remove: the node
+// changed and the members after the change.
+type membersJSON struct {
+	Added   string      `json:"added,omitempty"`
+	Removed string      `json:"removed,omitempty"`
+	Nodes   []*nodeJSON `json:"nodes"`
+}
+
+// nodeJSON is a member of the cluster in -o json output.
+type nodeJSON struct {
+	ID       string `json:"id"`
+	APIAddr  string `json:"api_addr"`
+	RaftAddr string `json:"raft_addr"`
+	State    string `json:"state"`
+	Voter    bool   `json:"voter"`
+}
+
+func nodesOut(ns []client.Node) []*nodeJSON {
+	out := make([]*nodeJSON, 0, len(ns))
+	for _, n := range ns {
+		out = append(out, &nodeJSON{ID: n.ID, APIAddr: n.APIAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter})
+	}
+	return out
+}
+
+// nodesText writes the members as a table, the leader's ID marked with *.
+func nodesText(w io.Writer, ns []client.Node, leader string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT")
+	for _, n := range ns {
+		id, state, api := n.ID, n.State, n.APIAddr
+		if id == leader {
+			id += " *"
+		}
+		if !n.Voter {
+			state += " (nonvoter)"
+		}
+		if api == "" {
+			api = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, state, api, n.RaftAddr)
+	}
+	tw.Flush()
+}
+
+func (a *app) newClusterCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Show the nodes of a fenced cluster; add and remove nodes",
+		Long: `Cluster shows and changes the membership of a replicated fenced.
+
+Give --addr (or FENCE_ADDR) every node's address, comma-separated: any live
+node answers, and changes go to the leader whichever node takes them.`,
+		Example: `  fencectl cluster status --addr 10.0.0.1:7481,10.0.0.2:7481,10.0.0.3:7481
+  fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481
+  fencectl cluster remove n3`,
+		// Without these, cobra prints help and exits 0 for a mistyped
+		// subcommand, where root's own unknown commands are usage errors.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.newClusterStatusCmd(), a.newClusterAddCmd(), a.newClusterRemoveCmd())
+	return cmd
+}
+
+func (a *app) newClusterStatusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "List the nodes of the cluster, their roles and the leader",
+		Long: `Status lists every member of the cluster with its state (leader, follower,
+candidate, shutdown, unreachable or unknown), its API address and its Raft
+address, and names the leader, marked * in the table.
+
+It is the view of the node that answers (the first of --addr that does),
+which asks each peer for its state: around an election, nodes can disagree
+for a moment. No leader is not an error: the status is printed and the
+exit status is 0.
+
+With -o json it prints {"leader": ID, "node_id": ID, "term": N, "nodes":
+[{"id", "api_addr", "raft_addr", "state", "voter"}, ...]}; node_id is the
+node that answered and leader is empty while there is none.`,
+		Example: `  fencectl cluster status
+  fencectl cluster status -o json | jq -r .leader`,
+		Args: exactArgs(),
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			st, err := c.ClusterStatus(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := clusterJSON{Leader: st.Leader, NodeID: st.NodeID, Term: st.Term, Nodes: nodesOut(st.Nodes)}
+			return a.emit(out, func(w io.Writer) {
+				if st.Leader == "" {
+					fmt.Fprintf(w, "no leader in term %d, as node %s sees it\n", st.Term, st.NodeID)
+				} else {
+					fmt.Fprintf(w, "leader %s in term %d, as node %s sees it\n", st.Leader, st.Term, st.NodeID)
+				}
+				nodesText(w, st.Nodes, st.Leader)
+			})
+		}),
+	}
+}
+
+func (a *app) newClusterAddCmd() *cobra.Command {
+	var raftAddr, apiAddr string
+	cmd := &cobra.Command{
+		Use:   "add ID --raft-addr HOST:PORT [--api-addr HOST:PORT]",
+		Short: "Make the node ID a voting member of the cluster",
+		Long: `Add makes the node ID, whose Raft transport listens at --raft-addr, a voting
+member, and prints the members after the change. Start that node first
+(fenced --node-id ID --raft-listen ...) without --bootstrap; a node started
+with --join asks to be added by itself.
+
+Adding a member again at the same Raft address only updates its API
+address. An ID that was removed is refused for good: a removed node rejoins
+under a new ID with an empty data directory.
+
+With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
+"fencectl cluster status" prints it.`,
+		Example: `  fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481`,
+		Args:    exactArgs("ID"),
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			return a.changeMembers(cmd.Context(), id, membersJSON{Added: id}, "added node "+id+" at raft "+raftAddr,
+				func(ctx context.Context, c *client.Client) ([]client.Node, error) {
+					return c.AddNode(ctx, id, raftAddr, apiAddr)
+				})
+		}),
+	}
+	cmd.Flags().StringVar(&raftAddr, "raft-addr", "", "where the other nodes reach the node's Raft transport (its fenced --raft-advertise, or --raft-listen)")
+	cmd.Flags().StringVar(&apiAddr, "api-addr", "", "where the node serves the lease API, for followers to forward to (its fenced --advertise)")
+	_ = cmd.MarkFlagRequired("raft-addr")
+	return cmd
+}
+
+func (a *app) newClusterRemoveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove ID",
+		Short: "Take the node ID out of the cluster for good",
+		Long: `Remove takes the node ID out of the cluster's Raft configuration and prints
+the members after the change. The ID can never join again: to bring the
+machine back, start it under a new ID with an empty data directory.
+
+Removing a node that is not a member, or the last one, fails with exit
+status 2 and changes nothing. Shrink a cluster one node at a time, keeping
+a majority of the remaining members up.
+
+With -o json it prints {"removed": ID, "nodes": [NODE, ...]}, each node as
+"fencectl cluster status" prints it.`,
+		Example: `  fencectl cluster remove n3`,
+		Args:    exactArgs("ID"),
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			return a.changeMembers(cmd.Context(), id, membersJSON{Removed: id}, "removed node "+id,
+				func(ctx context.Context, c *client.Client) ([]client.Node, error) {
+					return c.RemoveNode(ctx, id)
+				})
+		}),
+	}
+}
+
+// changeMembers checks the node ID and makes one membership change. It
+// prints out (-o json) or the line done (text), each with the members after
+// the change.
+func (a *app) changeMembers(ctx context.Context, id string, out membersJSON, done string,
+	change func(context.Context, *client.Client) ([]client.Node, error)) error {
+	if err := fsm.ValidateNodeID(id); err != nil {
+		return usage(err)
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	nodes, err := change(ctx, c)
+	if err != nil {
+		return err
+	}
+	out.Nodes = nodesOut(nodes)
+	return a.emit(out, func(w io.Writer) {
+		fmt.Fprintln(w, done)
+		nodesText(w, nodes, "")
+	})
+}

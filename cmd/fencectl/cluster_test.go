@@ -1,0 +1,123 @@
+//go:build unix
+
+package main
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fence-dev/fence/fencetest"
+)
+
+type nodeOutput struct {
+	ID       string `json:"id"`
+	APIAddr  string `json:"api_addr"`
+	RaftAddr string `json:"raft_addr"`
+	State    string `json:"state"`
+	Voter    bool   `json:"voter"`
+}
+
+type clusterOutput struct {
+	Leader string       `json:"leader"`
+	NodeID string       `json:"node_id"`
+	Term   uint64       `json:"term"`
+	Nodes  []nodeOutput `json:"nodes"`
+}
+
+// TestClusterStatus asks a one-node service for its cluster, through an
+// address list whose first node is down: it is its own leader.
+func TestClusterStatus(t *testing.T) {
+	t.Parallel()
+	srv := fencetest.NewServer()
+	t.Cleanup(srv.Close)
+	s := &fenced{addr: freeAddr(t) + "," + srv.Addr} // through FENCE_ADDR
+
+	var st clusterOutput
+	s.wantJSON(t, 0, &st, "cluster", "status")
+	if len(st.Nodes) != 1 {
+		t.Fatalf("cluster status lists %d nodes, want 1: %+v", len(st.Nodes), st)
+	}
+	n := st.Nodes[0]
+	if n.State != "leader" || n.ID == "" || st.Leader != n.ID || st.NodeID != n.ID || n.APIAddr != srv.Addr || !n.Voter || st.Term == 0 {
+		t.Errorf("cluster status: %+v, want its one node, a voter at %s, as leader and answering", st, srv.Addr)
+	}
+
+	r := s.want(t, 0, "cluster", "status", "--addr", srv.Addr)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) != 3 || lines[0] != "leader "+n.ID+" in term "+strconv.FormatUint(st.Term, 10)+", as node "+n.ID+" sees it" ||
+		!regexp.MustCompile(`^ID +STATE +API +RAFT$`).MatchString(lines[1]) ||
+		!regexp.MustCompile(`^`+regexp.QuoteMeta(n.ID)+` \* +leader +`+regexp.QuoteMeta(srv.Addr)+` `).MatchString(lines[2]) {
+		t.Errorf("cluster status text:\n%s", r.stdout)
+	}
+
+	// Lease calls take the same address list.
+	var g getOutput
+	s.wantJSON(t, 0, &g, "get", "orders")
+	if g.Scope != "orders" || g.Held {
+		t.Errorf("get through the address list: %+v", g)
+	}
+}
+
+// TestClusterChangesRefused: changes the service refuses exit with status
+// 2 and name the field.
+func TestClusterChangesRefused(t *testing.T) {
+	t.Parallel()
+	srv := fencetest.NewServer()
+	t.Cleanup(srv.Close)
+	s := &fenced{addr: srv.Addr}
+	var st clusterOutput
+	s.wantJSON(t, 0, &st, "cluster", "status")
+
+	for _, args := range [][]string{
+		{"cluster", "remove", "n9"},      // not a member
+		{"cluster", "remove", st.Leader}, // the last member
+	} {
+		var e errorOutput
+		s.wantJSON(t, 2, &e, args...)
+		if e.Code != "invalid" || e.Field != "node_id" || e.ExitStatus != 2 {
+			t.Errorf("%q: error object %+v, want code invalid for node_id", args, e)
+		}
+	}
+	var after clusterOutput
+	s.wantJSON(t, 0, &after, "cluster", "status")
+	if len(after.Nodes) != 1 || after.Leader != st.Leader {
+		t.Errorf("after refused changes: %+v, want %+v", after, st)
+	}
+}
+
+// TestClusterBadInput: mistakes on the command line fail with status 2
+// before any call; no service is needed.
+func TestClusterBadInput(t *testing.T) {
+	t.Parallel()
+	s := &fenced{addr: freeAddr(t)}
+	for _, tc := range []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"cluster", "frob"}, `unknown command "frob" for "fencectl cluster"`},
+		{[]string{"cluster", "status", "x"}, `unexpected argument "x"`},
+		{[]string{"cluster", "add"}, "missing ID"},
+		{[]string{"cluster", "add", "n4"}, `required flag(s) "raft-addr" not set`},
+		{[]string{"cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1"}, "invalid node_id"},
+		{[]string{"cluster", "add", strings.Repeat("n", 65), "--raft-addr", "127.0.0.1:1"}, "invalid node_id"},
+		{[]string{"cluster", "add", "n4", "n5", "--raft-addr", "127.0.0.1:1"}, `unexpected argument "n5"`},
+		{[]string{"cluster", "remove"}, "missing ID"},
+		{[]string{"cluster", "remove", ""}, "invalid node_id"},
+		{[]string{"cluster", "remove", "a/b"}, "invalid node_id"},
+		{[]string{"cluster", "status", "--addr", "a:1,,b:2"}, "address 2 of 3 is empty"},
+		{[]string{"cluster", "status", "--addr", "a:1, a:1"}, "listed twice"},
+	} {
+		r := s.want(t, 2, tc.args...)
+		wantStderr(t, r, tc.stderr, "--help' for usage")
+		if r.stdout != "" {
+			t.Errorf("text mode wrote to stdout on error\n%v", r)
+		}
+	}
+	var e errorOutput
+	s.wantJSON(t, 2, &e, "cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1")
+	if e.Code != "usage" || e.Field != "node_id" || e.ExitStatus != 2 {
+		t.Errorf("bad node ID error object: %+v", e)
+	}
+}
