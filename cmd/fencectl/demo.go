@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -22,15 +23,20 @@ import (
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
 	"github.com/fence-dev/fence/guard/httpguard"
+	"github.com/fence-dev/fence/guard/sqlguard"
+
+	_ "modernc.org/sqlite" // the register's database/sql driver
 )
 
 func (a *app) newDemoCmd() *cobra.Command {
-	return &cobra.Command{
+	var store string
+	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Play the two stale-writer stories, with and without the fence",
 		Long: `Demo starts a fenced and a guarded resource in this process (an HTTP
-register whose data and highest token live in one bbolt file) and plays
-the two timelines of the fencing-token story:
+register whose data and highest tokens live in one SQLite database, or
+with --store bolt one bbolt file) and plays the two timelines of the
+fencing-token story:
 
   pause:   A acquires, pauses past its TTL, the lease expires, B acquires a
            greater token and writes, A resumes and writes with its old token;
@@ -42,7 +48,11 @@ and off (A's write lands: a lost update). The exit status is 0 only if,
 with the guard on, every stale write was rejected.`,
 		Args: exactArgs(),
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
-			ok, err := runDemo(cmd.Context(), a.stdout)
+			open, known := registerStores[store]
+			if !known {
+				return usageErrorf("--store %q: want sqlite or bolt", store)
+			}
+			ok, err := runDemo(cmd.Context(), a.stdout, open)
 			if err != nil {
 				return err
 			}
@@ -52,59 +62,135 @@ with the guard on, every stale write was rejected.`,
 			return nil
 		}),
 	}
+	cmd.Flags().StringVar(&store, "store", "sqlite", "where the register keeps its values and the guard its marks: sqlite (guard/sqlguard) or bolt (guard/boltguard)")
+	return cmd
 }
 
-// register is the guarded resource: one value per scope, with the holder
-// whose write it was.
+// registerStore is the register's database. Its values and the guard's
+// marks live in it together, so that a token check and the write it
+// admits commit as one transaction.
+type registerStore interface {
+	guard.Store
+	// put sets scope's value: in the transaction of the Fence call whose
+	// apply received ctx, if there is one, else in a transaction of its own.
+	put(ctx context.Context, scope, value string) error
+	get(scope string) string
+	close()
+	name() string
+}
+
+var registerStores = map[string]func(dir string) (registerStore, error){
+	"sqlite": openSQLiteRegister,
+	"bolt":   openBoltRegister,
+}
+
+// register is the guarded resource: one value per scope, the text of the
+// write that set it.
 type register struct {
-	store   *boltguard.Store
-	guarded bool
-	srv     *httptest.Server
+	store registerStore
+	srv   *httptest.Server
 }
 
-var dataBucket = []byte("register")
-
-func newRegister(dir string, guarded bool) (*register, error) {
-	s, err := boltguard.Open(filepath.Join(dir, "register.db"))
-	if err != nil {
-		return nil, err
-	}
-	r := &register{store: s, guarded: guarded}
+func newRegister(store registerStore, guarded bool) *register {
+	r := &register{store: store}
 	put := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
-		var err error
-		if tx, ok := boltguard.TxFromContext(req.Context()); ok {
-			err = putValue(tx, req, body) // in the transaction that checked the token
-		} else {
-			err = r.store.DB().Update(func(tx *bbolt.Tx) error { return putValue(tx, req, body) })
-		}
-		if err != nil {
+		if err := store.put(req.Context(), scopeOf(req), string(body)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
 	var h http.Handler = put
 	if guarded {
-		// The check and the write share one bbolt transaction.
-		g := guard.New(r.store, guard.WithLogger(slog.New(slog.DiscardHandler)))
+		g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)))
 		h = httpguard.Middleware(g, "", httpguard.WithScopeFunc(scopeOf))(put)
 	}
 	r.srv = httptest.NewServer(h)
-	return r, nil
+	return r
 }
 
 func scopeOf(req *http.Request) string { return strings.TrimPrefix(req.URL.Path, "/") }
 
-func putValue(tx *bbolt.Tx, req *http.Request, body []byte) error {
-	b, err := tx.CreateBucketIfNotExists(dataBucket)
+func (r *register) value(scope string) string { return r.store.get(scope) }
+
+func (r *register) close() { r.srv.Close(); r.store.close() }
+
+// sqliteRegister keeps the values in a SQLite table beside sqlguard's
+// fence table.
+type sqliteRegister struct{ *sqlguard.Store }
+
+const upsertRegister = "INSERT INTO register (scope, value) VALUES (?1, ?2) ON CONFLICT (scope) DO UPDATE SET value = excluded.value"
+
+func openSQLiteRegister(dir string) (registerStore, error) {
+	// BEGIN IMMEDIATE and a busy timeout: writers wait for each other
+	// rather than fail with SQLITE_BUSY (see sqlguard's documentation).
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "register.db")+"?_txlock=immediate&_busy_timeout=5000&_journal_mode=WAL")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return b.Put([]byte(scopeOf(req)), body)
+	s, err := sqlguard.New(db, sqlguard.SQLite)
+	if err == nil {
+		err = s.CreateTable(context.Background())
+	}
+	if err == nil {
+		_, err = db.Exec("CREATE TABLE IF NOT EXISTS register (scope TEXT PRIMARY KEY, value TEXT NOT NULL)")
+	}
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return sqliteRegister{s}, nil
 }
 
-func (r *register) value(scope string) string {
+func (r sqliteRegister) put(ctx context.Context, scope, value string) error {
+	var err error
+	if tx, ok := sqlguard.TxFromContext(ctx); ok {
+		_, err = tx.ExecContext(ctx, upsertRegister, scope, value) // in the transaction that checked the token
+	} else {
+		_, err = r.DB().ExecContext(ctx, upsertRegister, scope, value)
+	}
+	return err
+}
+
+func (r sqliteRegister) get(scope string) string {
 	var v string
-	r.store.DB().View(func(tx *bbolt.Tx) error {
+	_ = r.DB().QueryRow("SELECT value FROM register WHERE scope = ?1", scope).Scan(&v)
+	return v
+}
+
+func (r sqliteRegister) close() { r.Close(); r.DB().Close() }
+
+func (sqliteRegister) name() string { return "SQLite via sqlguard" }
+
+// boltRegister keeps the values in a bucket beside boltguard's.
+type boltRegister struct{ *boltguard.Store }
+
+var dataBucket = []byte("register")
+
+func openBoltRegister(dir string) (registerStore, error) {
+	s, err := boltguard.Open(filepath.Join(dir, "register.db"))
+	if err != nil {
+		return nil, err
+	}
+	return boltRegister{s}, nil
+}
+
+func (r boltRegister) put(ctx context.Context, scope, value string) error {
+	put := func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(dataBucket)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(scope), []byte(value))
+	}
+	if tx, ok := boltguard.TxFromContext(ctx); ok {
+		return put(tx) // in the transaction that checked the token
+	}
+	return r.DB().Update(put)
+}
+
+func (r boltRegister) get(scope string) string {
+	var v string
+	r.DB().View(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket(dataBucket); b != nil {
 			v = string(b.Get([]byte(scope)))
 		}
@@ -113,7 +199,9 @@ func (r *register) value(scope string) string {
 	return v
 }
 
-func (r *register) close() { r.srv.Close(); r.store.Close() }
+func (r boltRegister) close() { r.Close() }
+
+func (boltRegister) name() string { return "bbolt via boltguard" }
 
 // demoLease is a grant held without keep-alive: the demo's "paused"
 // process renews nothing.
@@ -136,7 +224,7 @@ func (t *timeline) say(who, format string, args ...any) {
 	fmt.Fprintf(t.w, "  %6.2fs  %-3s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
 }
 
-func runDemo(ctx context.Context, w io.Writer) (bool, error) {
+func runDemo(ctx context.Context, w io.Writer, open func(dir string) (registerStore, error)) (bool, error) {
 	fs := fencetest.NewServer()
 	defer fs.Close()
 	c := fs.Client()
@@ -144,7 +232,7 @@ func runDemo(ctx context.Context, w io.Writer) (bool, error) {
 	ok := true
 	for _, guarded := range []bool{true, false} {
 		for _, story := range []string{"pause", "delay"} {
-			staleRejected, err := playStory(ctx, w, c, story, guarded)
+			staleRejected, err := playStory(ctx, w, c, open, story, guarded)
 			if err != nil {
 				return false, err
 			}
@@ -159,23 +247,24 @@ func runDemo(ctx context.Context, w io.Writer) (bool, error) {
 	return ok, nil
 }
 
-func playStory(ctx context.Context, w io.Writer, c *client.Client, story string, guarded bool) (bool, error) {
+func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), story string, guarded bool) (bool, error) {
 	dir, err := tempDir()
 	if err != nil {
 		return false, err
 	}
 	defer removeAll(dir)
-	reg, err := newRegister(dir, guarded)
+	store, err := open(dir)
 	if err != nil {
 		return false, err
 	}
+	reg := newRegister(store, guarded)
 	defer reg.close()
 	scope := fmt.Sprintf("demo/%s-%v", story, map[bool]string{true: "guarded", false: "unguarded"}[guarded])
 	mode := "guard ON"
 	if !guarded {
 		mode = "guard OFF"
 	}
-	fmt.Fprintf(w, "\n== %s story, %s (%s)\n", story, mode, scope)
+	fmt.Fprintf(w, "\n== %s story, %s (%s; register in %s)\n", story, mode, scope, store.name())
 	t := &timeline{w: w, start: time.Now()}
 	const ttl = time.Second
 

@@ -1,0 +1,128 @@
+// Package sqlguard fences writes to a SQL database through database/sql,
+// on PostgreSQL, SQLite and MySQL or MariaDB. The highest accepted token of
+// each scope lives in a table of the guarded database, and one statement
+// checks a write's token against it and advances it inside the
+// transaction that then makes the write, so the mark and the data commit
+// or roll back together: a late write with an old token is refused even
+// after the service restarts.
+//
+// # Usage
+//
+// Open the database with the driver of your choice, make a Store for its
+// dialect and create the fence table once:
+//
+//	db, err := sql.Open("pgx", dsn) // github.com/jackc/pgx/v5/stdlib
+//	s, err := sqlguard.New(db, sqlguard.Postgres)
+//	err = s.CreateTable(ctx) // fence_tokens (scope, token, seq); idempotent
+//
+// Update begins a transaction, checks and advances the mark, runs the
+// caller's writes and commits:
+//
+//	err = s.Update(ctx, guard.Write{Token: lease.Token()}, func(tx *sql.Tx) error {
+//		_, err := tx.ExecContext(ctx, "UPDATE orders SET total = $1 WHERE shard = $2", total, 7)
+//		return err
+//	})
+//	if errors.Is(err, fence.ErrStale) {
+//		// the lease is lost: stop, do not retry with this token
+//	}
+//
+// A stale write returns a *guard.StaleError with the scope and the
+// presented and highest tokens; the transaction is rolled back and the
+// function never runs. If the function fails, its writes and the mark
+// roll back together.
+//
+// Store is also a guard.Store: guard.New(s) gives a guard.Guard (for
+// httpguard, say) whose apply finds the transaction with TxFromContext.
+//
+// For a table whose rows each carry the token of their last write (a
+// column fence_token BIGINT NOT NULL DEFAULT 0), UpdateRow needs no fence
+// table: it runs UPDATE t SET ..., fence_token = $t WHERE key = $id AND
+// fence_token <= $t in the caller's transaction, and tells a stale token
+// (*guard.StaleError, Highest being the row's token) from a missing row
+// (ErrNoRow). Table and column names must be plain SQL names; values are
+// always bound parameters.
+//
+// # Why the check and the write are atomic
+//
+// The fence statement is an upsert of the scope's row whose update applies
+// only to a current write. Resolving the conflict locks the scope's row (or
+// the database, on SQLite) until the transaction ends, so every other
+// fenced write of the scope waits at its own fence statement until the
+// caller's writes have committed or rolled back, and then compares against
+// the mark they left.
+//
+// PostgreSQL: INSERT ... ON CONFLICT (scope) DO UPDATE ... WHERE <current>
+// RETURNING 1. The unique index arbitrates concurrent first writes of a
+// scope; afterwards ON CONFLICT locks the existing row, and under READ
+// COMMITTED re-evaluates the WHERE against the newest committed version
+// after waiting for a lock holder. A row comes back if and only if the
+// write was accepted. READ COMMITTED, the default, suffices. Under
+// REPEATABLE READ or SERIALIZABLE the fence is just as safe, but a writer
+// that waited for another fenced write of its scope fails with a
+// serialization error (SQLSTATE 40001) instead of going on: retry the
+// whole Update.
+//
+// MySQL and MariaDB (InnoDB tables only): INSERT ... ON DUPLICATE KEY
+// UPDATE takes an exclusive lock on the scope's index record, and the
+// update reads the newest committed row, not the transaction's snapshot,
+// at every isolation level, so the default REPEATABLE READ and READ
+// COMMITTED both suffice. MySQL's upsert cannot return a row, and its
+// rows-affected count cannot tell a stale write from an accepted one that
+// changed nothing, so the statement reports its outcome through
+// LAST_INSERT_ID(expr), which comes back in the same reply: the decision is
+// taken once, in the statement, under the lock. A reply without an
+// outcome (say, from a proxy that rewrites insert ids) refuses the write
+// with an error.
+//
+// SQLite: a database file has one writer at a time, so there are no row
+// locks to take. The fence statement is the transaction's first, and a
+// write, so the transaction holds the write lock from before it reads the
+// mark until it commits; every SQLite transaction is serializable. Open the
+// database so that writers wait for each other instead of failing at once
+// with SQLITE_BUSY, and begin every transaction with BEGIN IMMEDIATE: with
+// modernc.org/sqlite, the DSN parameters
+//
+//	file:data.db?_txlock=immediate&_busy_timeout=5000
+//
+// (WAL mode, _journal_mode=WAL, lets readers run beside the writer). The
+// fence is correct without _txlock=immediate, but then a transaction of
+// the caller's that reads before it writes can fail with SQLITE_BUSY
+// whatever the timeout, which BEGIN IMMEDIATE rules out. (A pool of one
+// connection, db.SetMaxOpenConns(1), serialises writers too, but also
+// every reader.)
+//
+// UpdateRow's statement is the same argument applied to one row: the
+// UPDATE locks the row and compares its token under the lock. When no row
+// matched, UpdateRow reads the row with SELECT ... FOR UPDATE (SQLite's
+// write lock is already held) to tell a missing row from a stale token,
+// and, because MySQL reports a matched row that did not change as no row,
+// writes again under that lock when the row admits the token.
+//
+// # Caveats
+//
+// Each Update costs one statement more than the same unfenced
+// transaction: one more round trip to a database server. UpdateRow costs
+// none on the accepted path. See BENCHMARKS.md.
+//
+// A write rolled back by a deadlock or serialization error, like any
+// other failure, leaves the mark where it was; retrying it with the same
+// token is safe. A stale write must not be retried with its token.
+//
+// Token and sequence columns are signed 64-bit: tokens fit (fence.MaxToken
+// is 2^63-1), and sequence numbers above 2^63-1 are refused as invalid.
+// Row-level fencing keeps no sequence, so UpdateRow refuses a write that
+// carries one.
+//
+// On MySQL the fence statement sets the connection's LAST_INSERT_ID();
+// read it only after your own INSERT in the transaction. The tests run
+// against MariaDB; MySQL documents the same LAST_INSERT_ID(expr) reply,
+// and should a server not send it, every fenced write fails with an
+// error rather than passing unchecked.
+//
+// The fence is as durable as the database's commit: with PostgreSQL's
+// fsync or synchronous_commit off, InnoDB's innodb_flush_log_at_trx_commit
+// other than 1, or SQLite's synchronous=OFF, a crash can lose an accepted
+// mark together with the write it fenced, and a late stale write is then
+// accepted. A failover to a replica that missed the last commits has the
+// same effect.
+package sqlguard
