@@ -65,6 +65,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.Protocols = new(http.Protocols)
 		t.Protocols.SetUnencryptedHTTP2(true)
+		// Pings notice a node that stopped answering (paused, cut off)
+		// within seconds, so the call fails over instead of hanging.
+		t.HTTP2 = &http.HTTP2Config{SendPingTimeout: 2 * time.Second, PingTimeout: 2 * time.Second}
 		h = &http.Client{Transport: t}
 	}
 	c := &Client{http: h, cfg: cfg}

@@ -135,7 +135,7 @@ node that answered and leader is empty while there is none.`,
 func (a *app) newClusterAddCmd() *cobra.Command {
 	var raftAddr, apiAddr string
 	cmd := &cobra.Command{
-		Use:   "add ID --raft-addr HOST:PORT [--api-addr HOST:PORT]",
+		Use:   "add ID --raft-addr HOST:PORT --api-addr HOST:PORT",
 		Short: "Make the node ID a voting member of the cluster",
 		Long: `Add makes the node ID, whose Raft transport listens at --raft-addr, a voting
 member, and prints the members after the change. Start that node first
@@ -161,6 +161,8 @@ With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
 	cmd.Flags().StringVar(&raftAddr, "raft-addr", "", "where the other nodes reach the node's Raft transport (its fenced --raft-advertise, or --raft-listen)")
 	cmd.Flags().StringVar(&apiAddr, "api-addr", "", "where the node serves the lease API, for followers to forward to (its fenced --advertise)")
 	_ = cmd.MarkFlagRequired("raft-addr")
+	// Followers forward to the leader at its API address, so every member needs one.
+	_ = cmd.MarkFlagRequired("api-addr")
 	return cmd
 }
 

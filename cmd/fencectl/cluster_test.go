@@ -99,10 +99,11 @@ func TestClusterBadInput(t *testing.T) {
 		{[]string{"cluster", "frob"}, `unknown command "frob" for "fencectl cluster"`},
 		{[]string{"cluster", "status", "x"}, `unexpected argument "x"`},
 		{[]string{"cluster", "add"}, "missing ID"},
-		{[]string{"cluster", "add", "n4"}, `required flag(s) "raft-addr" not set`},
-		{[]string{"cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1"}, "invalid node_id"},
-		{[]string{"cluster", "add", strings.Repeat("n", 65), "--raft-addr", "127.0.0.1:1"}, "invalid node_id"},
-		{[]string{"cluster", "add", "n4", "n5", "--raft-addr", "127.0.0.1:1"}, `unexpected argument "n5"`},
+		{[]string{"cluster", "add", "n4"}, `required flag(s) "api-addr", "raft-addr" not set`},
+		{[]string{"cluster", "add", "n4", "--raft-addr", "127.0.0.1:1"}, `required flag(s) "api-addr" not set`},
+		{[]string{"cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1", "--api-addr", "127.0.0.1:2"}, "invalid node_id"},
+		{[]string{"cluster", "add", strings.Repeat("n", 65), "--raft-addr", "127.0.0.1:1", "--api-addr", "127.0.0.1:2"}, "invalid node_id"},
+		{[]string{"cluster", "add", "n4", "n5", "--raft-addr", "127.0.0.1:1", "--api-addr", "127.0.0.1:2"}, `unexpected argument "n5"`},
 		{[]string{"cluster", "remove"}, "missing ID"},
 		{[]string{"cluster", "remove", ""}, "invalid node_id"},
 		{[]string{"cluster", "remove", "a/b"}, "invalid node_id"},
@@ -116,7 +117,7 @@ func TestClusterBadInput(t *testing.T) {
 		}
 	}
 	var e errorOutput
-	s.wantJSON(t, 2, &e, "cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1")
+	s.wantJSON(t, 2, &e, "cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1", "--api-addr", "127.0.0.1:2")
 	if e.Code != "usage" || e.Field != "node_id" || e.ExitStatus != 2 {
 		t.Errorf("bad node ID error object: %+v", e)
 	}

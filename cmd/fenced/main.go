@@ -62,6 +62,7 @@ func parse(args []string) (server.Config, error) {
 	join := fs.String("join", "", "comma-separated API addresses of cluster members to ask to add this node")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", 500*time.Millisecond, "how long followers wait to hear from the leader before electing another")
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries after which a snapshot is taken and the log compacted")
+	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 120*time.Second, "how often to check --snapshot-threshold (randomised up to twice this)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "largest TTL an acquire may ask for")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "TTL of an acquire that names none")
 	format := fs.String("log-format", "text", "log format: text or json")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,46 @@ func freeAddr(t testing.TB) string {
 // startFenced runs fenced on dataDir and addr and waits until it grants.
 func startFenced(t testing.TB, dataDir, addr string, args ...string) *proc {
 	t.Helper()
+	c, err := client.New(addr, client.WithRetryTimeout(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return startUntil(t, dataDir, addr, func(ctx context.Context) error {
+		_, err := c.Get(ctx, "probe")
+		return err
+	}, args...)
+}
+
+// startUntil spawns fenced and waits until up succeeds.
+func startUntil(t testing.TB, dataDir, addr string, up func(context.Context) error, args ...string) *proc {
+	t.Helper()
+	p := spawn(t, dataDir, addr, args...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := up(ctx)
+		cancel()
+		if err == nil {
+			return p
+		}
+		select {
+		case <-p.exit:
+			b, _ := os.ReadFile(p.log)
+			t.Fatalf("fenced exited during start-up:\n%s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(p.log)
+			t.Fatalf("fenced not ready after 20s: %v\n%s", err, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// spawn starts fenced, logging to a file, and kills it when the test ends.
+func spawn(t testing.TB, dataDir, addr string, args ...string) *proc {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "fenced.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -70,33 +111,16 @@ func startFenced(t testing.TB, dataDir, addr string, args ...string) *proc {
 	p := &proc{cmd: cmd, addr: addr, log: logPath, exit: make(chan struct{})}
 	go func() { cmd.Wait(); close(p.exit) }()
 	t.Cleanup(func() { p.kill(t) })
-
-	c, err := client.New(addr, client.WithRetryTimeout(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.Get(ctx, "probe")
-		cancel()
-		if err == nil {
-			return p
-		}
-		select {
-		case <-p.exit:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("fenced exited during start-up:\n%s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("fenced not ready after 20s: %v\n%s", err, b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return p
 }
+
+// h2cClient speaks HTTP/2 without TLS, as the API's gRPC side needs.
+var h2cClient = func() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: t}
+}()
 
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *proc) kill(t testing.TB) {

@@ -47,8 +47,10 @@ type Config struct {
 	// means 500ms, which suits a LAN.
 	HeartbeatTimeout, ElectionTimeout time.Duration
 	// SnapshotThreshold is how many log entries since the last snapshot
-	// trigger a new one (zero: 8192).
+	// trigger a new one (zero: 8192), checked every SnapshotInterval (zero:
+	// 120s, with jitter).
 	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
 	// Logger receives Raft's own messages (warnings and errors).
 	Logger *slog.Logger
 	// OnEvents is called, in log order, with the lease transitions of each
@@ -60,6 +62,9 @@ type Config struct {
 	// OnLeader is called with true when this node becomes leader and with
 	// false when it stops being leader. Calls are serialised.
 	OnLeader func(bool)
+	// OnLeaderChange is called with the new leader's ID ("" for none)
+	// whenever this node learns of a change of leader. It must not block.
+	OnLeaderChange func(id string)
 }
 
 // Node is one member of the lease state's Raft cluster. Its methods are safe
@@ -122,6 +127,9 @@ func Open(cfg Config) (*Node, error) {
 		rc.SnapshotThreshold = cfg.SnapshotThreshold
 		rc.TrailingLogs = max(cfg.SnapshotThreshold/2, 64)
 	}
+	if cfg.SnapshotInterval > 0 {
+		rc.SnapshotInterval = cfg.SnapshotInterval
+	}
 	// Group commit: the leader writes up to MaxAppendEntries queued
 	// commands with one fsync.
 	rc.MaxAppendEntries = 1024
@@ -163,6 +171,25 @@ func Open(cfg Config) (*Node, error) {
 		return fail(fmt.Errorf("start raft: %w", err))
 	}
 	n.raft = r
+	if cfg.OnLeaderChange != nil {
+		obs := make(chan raft.Observation, 16)
+		r.RegisterObserver(raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+			_, ok := o.Data.(raft.LeaderObservation)
+			return ok
+		}))
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			for {
+				select {
+				case o := <-obs:
+					cfg.OnLeaderChange(string(o.Data.(raft.LeaderObservation).LeaderID))
+				case <-n.done:
+					return
+				}
+			}
+		}()
+	}
 	n.wg.Add(1)
 	go n.watchLeadership()
 	return n, nil

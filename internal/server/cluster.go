@@ -30,11 +30,14 @@ const forwardedHeader = "Fence-Forwarded-By"
 // the node asked by a user adds it when it asks its peers.
 const selfOnlyHeader = "Fence-Status-Self"
 
-// h2c speaks HTTP/2 without TLS, which gRPC needs end to end.
+// h2c speaks HTTP/2 without TLS, which gRPC needs end to end. Pings find a
+// peer that stopped answering (paused, cut off) in seconds, not at the
+// kernel's TCP timeout.
 func h2c() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Protocols = new(http.Protocols)
 	t.Protocols.SetUnencryptedHTTP2(true)
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: 2 * time.Second, PingTimeout: 2 * time.Second}
 	return t
 }
 
@@ -53,9 +56,6 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 		Transport:     h2c(),
 		FlushInterval: -1, // stream answers as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() != nil {
-				return // the caller is gone
-			}
 			// Clients of every protocol read 503 as Unavailable and retry.
 			http.Error(w, fmt.Sprintf("fence: forwarding to the leader at %s failed: %v", r.Context().Value(leaderKey{}), err), http.StatusServiceUnavailable)
 		},
@@ -72,13 +72,40 @@ func (s *Server) forward(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		gen := s.leaderGeneration()
 		addr := s.leaderAPI()
 		if addr == "" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), leaderKey{}, addr)))
+		// A leader that is frozen (paused, partitioned) may hold the request
+		// forever; once another leader is known, give up on it and answer
+		// Unavailable so the caller retries there.
+		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), leaderKey{}, addr))
+		defer cancel()
+		go func() {
+			select {
+			case <-gen:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// leaderGeneration returns a channel closed at the next change of leader.
+func (s *Server) leaderGeneration() <-chan struct{} {
+	s.gmu.Lock()
+	defer s.gmu.Unlock()
+	return s.leaderGen
+}
+
+func (s *Server) leaderChanged(string) {
+	s.gmu.Lock()
+	close(s.leaderGen)
+	s.leaderGen = make(chan struct{})
+	s.gmu.Unlock()
 }
 
 // leaderAPI returns the API address of the leader when it is another node.
@@ -167,7 +194,7 @@ func (s *Server) nodes(st raftnode.Status) []*fencev1.Node {
 }
 
 func (s *Server) peerState(ctx context.Context, id, addr string) string {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	req := connect.NewRequest(&fencev1.StatusRequest{})
 	req.Header().Set(selfOnlyHeader, "1")

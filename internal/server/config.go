@@ -32,9 +32,10 @@ type Config struct {
 	// ElectionTimeout is how long followers wait for the leader before an
 	// election; zero means 500ms.
 	ElectionTimeout time.Duration
-	// SnapshotThreshold is how many log entries trigger a snapshot; zero
-	// means Raft's default (8192).
+	// SnapshotThreshold is how many log entries trigger a snapshot, checked
+	// every SnapshotInterval; zero means Raft's defaults (8192, 120s).
 	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
 	// DefaultTTL is the TTL of an acquire that names none.
 	DefaultTTL time.Duration
 	// MinTTL and MaxTTL bound the TTL an acquire may ask for.

@@ -41,6 +41,9 @@ type Server struct {
 	peers  *http.Client           // for joining and asking peers
 	failed chan error             // a background task's fatal error
 
+	gmu       sync.Mutex
+	leaderGen chan struct{} // closed when the leader changes
+
 	mu         sync.Mutex // guards stopExpiry
 	stopExpiry context.CancelFunc
 	stopJoin   context.CancelFunc
@@ -55,7 +58,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)},
-		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1)}
+		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1), leaderGen: make(chan struct{})}
 	s.proxy = s.newProxy()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -71,10 +74,12 @@ func Start(cfg Config) (*Server, error) {
 		HeartbeatTimeout:  cfg.ElectionTimeout,
 		ElectionTimeout:   cfg.ElectionTimeout,
 		SnapshotThreshold: cfg.SnapshotThreshold,
+		SnapshotInterval:  cfg.SnapshotInterval,
 		Logger:            cfg.Logger,
 		OnEvents:          s.onEvents,
 		OnRestore:         func() { s.log.Info("state restored from snapshot") },
 		OnLeader:          s.onLeader,
+		OnLeaderChange:    s.leaderChanged,
 	})
 	if err != nil {
 		ln.Close()
