@@ -23,7 +23,7 @@ import (
 // its own 127.x.y.z address, and its Raft port sits behind a partition
 // proxy, so a test can cut any node off from the others.
 type testCluster struct {
-	t     *testing.T
+	t     testing.TB
 	nodes []*clusterNode
 }
 
@@ -54,7 +54,7 @@ func freePort(t testing.TB, ip string) string {
 }
 
 // startCluster starts n nodes: n1 bootstraps, the others join through it.
-func startCluster(t *testing.T, n int, extra ...string) *testCluster {
+func startCluster(t testing.TB, n int, extra ...string) *testCluster {
 	t.Helper()
 	base := loopbackBase()
 	c := &testCluster{t: t}

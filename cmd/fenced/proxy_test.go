@@ -27,10 +27,10 @@ type partitionProxy struct {
 // partitions is every proxy of a test, so one call cuts a node off from all.
 var (
 	partitionsMu sync.Mutex
-	partitions   = map[*testing.T][]*partitionProxy{}
+	partitions   = map[testing.TB][]*partitionProxy{}
 )
 
-func newPartitionProxy(t *testing.T, ip, target string) *partitionProxy {
+func newPartitionProxy(t testing.TB, ip, target string) *partitionProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", ip+":0")
 	if err != nil {
@@ -112,7 +112,7 @@ func (p *partitionProxy) set(ip string, cut bool) {
 
 // isolate cuts the node at ip off from every other node of the test, or
 // heals it.
-func isolate(t *testing.T, ip string, cut bool) {
+func isolate(t testing.TB, ip string, cut bool) {
 	partitionsMu.Lock()
 	defer partitionsMu.Unlock()
 	for _, p := range partitions[t] {
