@@ -18,6 +18,10 @@ services: ## install (Debian packages, when missing) and start PostgreSQL, Maria
 test: services lint checkgenerate ## lint, check generated code, run the whole test suite with the race detector
 	set -a && source scripts/services.env && set +a && $(GO) test -race -count=1 -timeout 20m ./...
 
+.PHONY: test-long
+test-long: services ## the cluster and crash tests at length (30 cluster kills, 100 single-node kill -9s)
+	FENCE_LONG=1 $(GO) test -count=1 -timeout 60m -run 'TestCluster|TestCrash' -v ./cmd/fenced
+
 .PHONY: generate
 generate: ## regenerate the protobuf and connect code from api/
 	$(TOOL) buf generate

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,10 +29,13 @@ type ack struct {
 // and no acknowledged grant is forgotten.
 func TestCrashRestart(t *testing.T) {
 	const (
-		crashes = 20
 		clients = 16
 		scopes  = 4
 	)
+	crashes := 20
+	if os.Getenv("FENCE_LONG") != "" {
+		crashes = 100 // make test-long
+	}
 	dir, addr := t.TempDir(), freeAddr(t)
 	p := startFenced(t, dir, addr)
 

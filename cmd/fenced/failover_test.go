@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,12 @@ func runWorkload(t *testing.T, addrs string, clients, scopes int) *workload {
 				w.mu.Lock()
 				w.acks = append(w.acks, ack{scope: scope, token: l.Token, epoch: e})
 				w.mu.Unlock()
+				if r, err := c.Renew(context.Background(), scope, l.ID); err == nil && r.Token != l.Token {
+					t.Errorf("worker %d: renewal of %s token %d answered token %d", i, scope, l.Token, r.Token)
+				} else if err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+					w.errs.Add(1)
+					t.Logf("worker %d: renew: %v", i, err)
+				}
 				_, err = c.Release(context.Background(), scope, l.ID)
 				if err != nil && !errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrNotHolder) {
 					w.errs.Add(1)
@@ -117,9 +124,9 @@ func (w *workload) finish(t *testing.T, c *client.Client) {
 	}
 }
 
-// TestClusterLeaderKill kills the leader with SIGKILL twice while 32
-// clients acquire and release through all three addresses, then kills all
-// three nodes at once and restarts them.
+// TestClusterLeaderKill kills the leader with SIGKILL twice, then a
+// follower, while 32 clients acquire, renew and release through all three
+// addresses; then it kills all three nodes at once and restarts them.
 func TestClusterLeaderKill(t *testing.T) {
 	c := startCluster(t, 3)
 	defer dumpLogs(t, c)
@@ -130,15 +137,23 @@ func TestClusterLeaderKill(t *testing.T) {
 	}
 	w := runWorkload(t, c.addrs(), 32, 8)
 
-	for round := range 2 {
+	rounds := 3
+	if os.Getenv("FENCE_LONG") != "" {
+		rounds = 30 // make test-long
+	}
+	for round := range rounds {
 		time.Sleep(time.Second)
 		old := c.leader()
+		what := "leader"
+		if round%3 == 2 {
+			old, what = c.others(old)[0], "follower"
+		}
 		before := w.count()
 		old.p.kill(t)
 		w.epoch.Add(1)
 		killed := time.Now()
 		nl := c.leader(c.others(old)...)
-		t.Logf("round %d: killed leader %s; %s serving after %v", round, old.id, nl.id, time.Since(killed).Round(time.Millisecond))
+		t.Logf("round %d: killed %s %s; %s serving after %v", round, what, old.id, nl.id, time.Since(killed).Round(time.Millisecond))
 		checkStatus(t, admin, map[string]string{old.id: "unreachable", nl.id: "leader"})
 		time.Sleep(time.Second)
 		if w.count() == before {
@@ -238,7 +253,7 @@ func (selfOnly) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 // want. It first sends a burst of calls, then calls resume (SIGCONT, or
 // nothing), so the burst is waiting when the old leader wakes up; then it
 // keeps asking for d.
-func staleAttempts(t *testing.T, old *clusterNode, held fence.Lease, scope string, want uint64, resume func(), d time.Duration) {
+func staleAttempts(t *testing.T, old *clusterNode, held fence.Lease, scope string, want uint64, resume func(), d time.Duration) int {
 	t.Helper()
 	rpc := direct(old)
 	var n atomic.Int64
@@ -281,14 +296,22 @@ func staleAttempts(t *testing.T, old *clusterNode, held fence.Lease, scope strin
 		cancel()
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("%d rounds of grant, renew and read at the deposed leader, none confirmed on stale authority", n.Load())
+	t.Logf("%d rounds of grant, renew and read at the deposed leader %s", n.Load(), old.id)
+	return int(n.Load())
 }
 
-// TestClusterPartition cuts the leader off from the other two: it must
-// grant, renew and serve nothing, the majority must elect a leader and
+// TestClusterPartition cuts the leader off from the others (in a cluster
+// of five, a follower too, so two nodes are cut off): the cut-off leader
+// must grant, renew and serve nothing, the majority must elect a leader and
 // carry on, and after healing no grant is lost and no token repeats.
 func TestClusterPartition(t *testing.T) {
-	c := startCluster(t, 3)
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) { testPartition(t, n) })
+	}
+}
+
+func testPartition(t *testing.T, nodes int) {
+	c := startCluster(t, nodes)
 	defer dumpLogs(t, c)
 	admin := newClient(t, c.addrs(), client.WithRetryTimeout(30*time.Second))
 	held, err := admin.Grant(context.Background(), "held", client.WithTTL(time.Minute))
@@ -299,21 +322,38 @@ func TestClusterPartition(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 
 	old := c.leader()
+	cut := []*clusterNode{old}
+	if nodes == 5 {
+		cut = append(cut, c.others(old)[0])
+	}
 	direct(old).Get(context.Background(), connect.NewRequest(&fencev1.GetRequest{Scope: "p"})) // open the connection before the cut
-	isolate(t, old.ip, true)
+	for _, nd := range cut {
+		isolate(t, nd.ip, true)
+	}
 	w.epoch.Add(1)
-	staleAttempts(t, old, held, "p", 0, func() {}, 0)
-	rest := c.others(old)
-	majority := newClient(t, rest[0].api+","+rest[1].api, client.WithRetryTimeout(30*time.Second))
+	attempts := staleAttempts(t, old, held, "p", 0, func() {}, 0)
+	var rest []*clusterNode
+	for _, nd := range c.nodes {
+		if !slices.Contains(cut, nd) {
+			rest = append(rest, nd)
+		}
+	}
+	var addrs []string
+	for _, nd := range rest {
+		addrs = append(addrs, nd.api)
+	}
+	majority := newClient(t, strings.Join(addrs, ","), client.WithRetryTimeout(30*time.Second))
 	g, err := majority.Grant(context.Background(), "p", client.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
 	nl := c.leader(rest...)
-	t.Logf("cut off %s; %s leads the majority", old.id, nl.id)
-	staleAttempts(t, old, held, "p", g.Token, func() {}, 2*time.Second)
+	t.Logf("cut off %d of %d nodes, the leader %s among them; %s leads the majority", len(cut), nodes, old.id, nl.id)
+	attempts = max(attempts, staleAttempts(t, old, held, "p", g.Token, func() {}, 2*time.Second))
 
-	isolate(t, old.ip, false)
+	for _, nd := range cut {
+		isolate(t, nd.ip, false)
+	}
 	w.epoch.Add(1)
 	c.leader()
 	time.Sleep(time.Second)
@@ -322,15 +362,14 @@ func TestClusterPartition(t *testing.T) {
 	if err != nil || st.Lease == nil || st.Lease.Token != g.Token {
 		t.Fatalf("after healing, the majority's grant of p token %d: %+v, %v", g.Token, st, err)
 	}
-	for n := 0; ; n++ {
-		st, err := admin.Get(context.Background(), "minority/"+fmt.Sprint(n))
+	for i := 1; i <= attempts; i++ {
+		st, err := admin.Get(context.Background(), fmt.Sprintf("minority/%d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.LastToken == 0 {
-			break
+		if st.LastToken != 0 {
+			t.Errorf("minority/%d has token %d after healing: the cut-off leader's grant survived", i, st.LastToken)
 		}
-		t.Errorf("minority/%d has token %d after healing: the cut-off node's grant survived", n, st.LastToken)
 	}
 }
 
@@ -356,9 +395,16 @@ func TestClusterPause(t *testing.T) {
 	}
 	nl := c.leader(rest...)
 	t.Logf("paused %s; %s leads; resuming", old.id, nl.id)
-	staleAttempts(t, old, held, "s", g.Token, func() { old.p.signal(t, syscall.SIGCONT) }, 2*time.Second)
-	if got := c.leader(); got == old {
-		t.Errorf("the resumed old leader %s leads again", old.id)
+	attempts := staleAttempts(t, old, held, "s", g.Token, func() { old.p.signal(t, syscall.SIGCONT) }, 2*time.Second)
+	c.leader()
+	for i := 1; i <= attempts; i++ {
+		st, err := admin.Get(context.Background(), fmt.Sprintf("minority/%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.LastToken != 0 {
+			t.Errorf("minority/%d has token %d: the paused leader's grant survived", i, st.LastToken)
+		}
 	}
 }
 
@@ -431,5 +477,23 @@ func TestClusterSnapshotCatchUpAndRemoval(t *testing.T) {
 	}
 	if p.cmd.ProcessState.ExitCode() == 0 {
 		t.Error("the removed node exited with status 0")
+	}
+
+	// The two members left restart from their snapshots plus the log's
+	// tail, with every token.
+	for _, nd := range c.others(down) {
+		nd.p.kill(t)
+	}
+	for _, nd := range c.others(down) {
+		c.start(nd)
+	}
+	c.leader(c.others(down)...)
+	st, err = admin.Get(ctx, "grow")
+	if err != nil || st.LastToken != last {
+		t.Fatalf("after restarting from snapshots, grow: %+v, %v; want last token %d", st, err, last)
+	}
+	g, err := admin.Grant(ctx, "grow", client.WithTTL(time.Second))
+	if err != nil || g.Token != last+1 {
+		t.Fatalf("after restarting from snapshots, grant of grow = %+v, %v; want token %d", g, err, last+1)
 	}
 }

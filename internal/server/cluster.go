@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -55,6 +57,22 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 		},
 		Transport:     h2c(),
 		FlushInterval: -1, // stream answers as they come
+		// Read a unary answer whole before passing it on: if the leader dies
+		// between its headers and its body, the caller then gets a clean 503
+		// to retry instead of a stream reset it cannot classify. Streaming
+		// calls are passed through as they come.
+		ModifyResponse: func(resp *http.Response) error {
+			if strings.HasSuffix(resp.Request.URL.Path, "/Watch") {
+				return nil
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// Clients of every protocol read 503 as Unavailable and retry.
 			http.Error(w, fmt.Sprintf("fence: forwarding to the leader at %s failed: %v", r.Context().Value(leaderKey{}), err), http.StatusServiceUnavailable)
