@@ -73,6 +73,7 @@ type Node struct {
 	cfg    Config
 	raft   *raft.Raft
 	store  *raftboltdb.BoltStore
+	snaps  raft.SnapshotStore
 	trans  io.Closer
 	notify chan bool
 	done   chan struct{}
@@ -113,6 +114,7 @@ func Open(cfg Config) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
+	n.snaps = snaps
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)

@@ -63,7 +63,9 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		return nil, wire.ToConnect(err)
 	}
 	if r.Outcome == fsm.Queued {
+		waited := s.metrics.queued()
 		r, err = s.awaitGrant(ctx, r, wait)
+		waited(err == nil)
 		if err != nil {
 			return nil, wire.ToConnect(err)
 		}
@@ -108,6 +110,7 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 		return r
 	})
 	if r.Outcome != fsm.Granted {
+		s.renewRefused(r)
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
 	// A deposed leader that has not noticed must not confirm: the new
@@ -118,6 +121,7 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
 		slog.String("scope", scope), slog.Uint64("token", r.Lease.Token),
 		slog.String("lease_id", id.String()), slog.String("holder", r.Lease.Holder), slog.Duration("ttl", ttl))
+	s.renewed(scope, r.Lease)
 	l := s.lease(scope, r.Lease, true)
 	return connect.NewResponse(&fencev1.RenewResponse{Lease: l}), nil
 }

@@ -34,6 +34,7 @@ type Server struct {
 	deadlines *deadlines
 	waiters   waiters
 	ready     atomic.Bool // leader with a complete state: serving
+	metrics   *metrics    // metrics.go
 
 	http   *http.Server
 	ln     net.Listener
@@ -60,6 +61,7 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)},
 		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1), leaderGen: make(chan struct{})}
 	s.proxy = s.newProxy()
+	s.metrics = newMetrics(s)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
@@ -92,9 +94,11 @@ func Start(cfg Config) (*Server, error) {
 		connect.WithReadMaxBytes(maxRequestBytes),
 		// Compressing a 200-byte answer costs more than sending it.
 		connect.WithCompressMinBytes(4 << 10),
+		connect.WithInterceptors(s.metrics.interceptor()),
 	}
 	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
+	s.routes(mux)
 	s.http = &http.Server{
 		Handler:           s.forward(mux),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -293,6 +297,9 @@ func (s *Server) onEvents(events []fsm.Event) {
 		// news: log only what happens while serving.
 		if serving {
 			s.logEvent(e)
+			if le, ok := fromFSM(e, now); ok {
+				s.publish(le)
+			}
 		}
 	}
 }
