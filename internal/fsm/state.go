@@ -33,10 +33,12 @@ type Waiter struct {
 	RequestID string        `json:"request_id,omitempty"`
 }
 
-// grant remembers a past grant of a scope.
+// grant remembers a past grant of a scope. Holder is recorded when the
+// grant has a request ID, which only a retry by the same holder may present.
 type grant struct {
 	Token     uint64        `json:"token"`
 	ID        fence.LeaseID `json:"id"`
+	Holder    string        `json:"holder,omitempty"`
 	RequestID string        `json:"request_id,omitempty"`
 }
 
@@ -54,7 +56,7 @@ type Outcome uint8
 
 // The outcomes.
 const (
-	Invalid   Outcome = iota // the command was malformed; nothing changed
+	Invalid   Outcome = iota // the command was malformed, or presented another holder's request ID; nothing changed
 	Granted                  // Result.Lease is the (possibly earlier, same) grant
 	Queued                   // the acquire waits in line; Result.Lease is its future lease, without token
 	Held                     // the scope is held; Result.Lease is the holder's lease
@@ -176,22 +178,34 @@ func (s *State) acquire(c Command) Result {
 }
 
 // retried answers an acquire whose request ID this scope has seen: the
-// same grant, the same place in line, or lost if that grant has ended.
+// same grant, the same place in line, or lost if that grant has ended. A
+// request ID is one holder's retry key: presented by another holder (a
+// replay, or a collision) it is refused, and nothing changes, so that no one
+// obtains the lease ID of another holder's grant by presenting its request
+// ID.
 func (sc *scope) retried(c Command) (Result, bool) {
-	if sc.lease != nil && sc.lease.RequestID == c.RequestID {
-		return Result{Outcome: Granted, Scope: c.Scope, Lease: *sc.lease}, true
-	}
-	for _, w := range sc.waiters {
-		if w.RequestID == c.RequestID {
-			return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}, true
+	var (
+		r      Result
+		holder string
+	)
+	switch i := slices.IndexFunc(sc.waiters, func(w Waiter) bool { return w.RequestID == c.RequestID }); {
+	case sc.lease != nil && sc.lease.RequestID == c.RequestID:
+		r, holder = Result{Outcome: Granted, Scope: c.Scope, Lease: *sc.lease}, sc.lease.Holder
+	case i >= 0:
+		r, holder = Result{Outcome: Queued, Scope: c.Scope, Lease: sc.waiters[i].lease()}, sc.waiters[i].Holder
+	default:
+		j := slices.IndexFunc(sc.recent, func(g grant) bool { return g.RequestID == c.RequestID })
+		if j < 0 {
+			return Result{}, false
 		}
+		g := sc.recent[j]
+		r, holder = Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}, g.Holder
 	}
-	for _, g := range sc.recent {
-		if g.RequestID == c.RequestID {
-			return Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}, true
-		}
+	if holder != c.Holder {
+		return Result{Outcome: Invalid, Scope: c.Scope, Err: &fence.InvalidError{Field: "request_id",
+			Reason: fmt.Sprintf("%q was already used by another holder's acquire of this scope; only that holder may retry with it, every other acquire needs its own request ID", c.RequestID)}}, true
 	}
-	return Result{}, false
+	return r, true
 }
 
 // grant makes w the holder with the next token and records the event in r.
@@ -204,7 +218,11 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 	sc.last++
 	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at}
 	sc.lease = &l
-	sc.recent = append(sc.recent, grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID})
+	g := grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID}
+	if l.RequestID != "" {
+		g.Holder = l.Holder // only a retry, by the same holder, looks for it
+	}
+	sc.recent = append(sc.recent, g)
 	if n := len(sc.recent); n > recentGrants {
 		sc.recent = slices.Delete(sc.recent, 0, n-recentGrants)
 	}

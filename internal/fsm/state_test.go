@@ -30,6 +30,10 @@ func holder(n byte) string          { return fmt.Sprintf("w%d", n) }
 func ttl(n byte) time.Duration      { return time.Duration(n) * time.Second }
 func wait(c *Command)               { c.Wait = true }
 func reqID(r string) func(*Command) { return func(c *Command) { c.RequestID = r } }
+
+// as makes a command come from holder(n): a retry of lease n's acquire
+// carries a fresh lease ID but the same holder.
+func as(n byte) func(*Command) { return func(c *Command) { c.Holder = holder(n) } }
 func at(ns int64) func(*Command)    { return func(c *Command) { c.At = ns } }
 func noLeaseID(c *Command)          { c.LeaseID = fence.LeaseID{} }
 
@@ -413,32 +417,32 @@ var applyCases = []struct {
 				Events: []Event{ev(EventGranted, "a", withRequest(leaseOf(1, 1), "r1"))}}},
 			// The retry's proposer stamped a fresh lease ID; the answer is
 			// the first attempt's grant, with its ID, and no event.
-			{acquire("a", 11, reqID("r1")), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, 1), "r1")}},
-			{acquire("a", 11, wait, reqID("r1")), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, 1), "r1")}},
+			{acquire("a", 11, reqID("r1"), as(1)), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, 1), "r1")}},
+			{acquire("a", 11, wait, reqID("r1"), as(1)), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, 1), "r1")}},
 			{acquire("a", 2, wait, reqID("r2")), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(2), "r2")}},
 			{acquire("a", 3, wait, reqID("r3")), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(3), "r3")}},
 			// Retries of a queued acquire keep its place: no second waiter,
 			// even when the retry does not ask to wait.
-			{acquire("a", 12, wait, reqID("r2")), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(2), "r2")}},
-			{acquire("a", 12, reqID("r2")), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(2), "r2")}},
+			{acquire("a", 12, wait, reqID("r2"), as(2)), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(2), "r2")}},
+			{acquire("a", 12, reqID("r2"), as(2)), Result{Outcome: Queued, Scope: "a", Lease: withRequest(waiterOf(2), "r2")}},
 			{release("a", 1), Result{Outcome: Released, Scope: "a", Lease: withRequest(leaseOf(1, 1), "r1"),
 				Events: []Event{
 					ev(EventReleased, "a", withRequest(leaseOf(1, 1), "r1")),
 					ev(EventGranted, "a", withRequest(leaseOf(2, 2), "r2")),
 				}}},
-			{acquire("a", 12, wait, reqID("r2")), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(2, 2), "r2")}},
+			{acquire("a", 12, wait, reqID("r2"), as(2)), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(2, 2), "r2")}},
 			// r1's grant ended: its retry is told so, with the token it had.
-			{acquire("a", 11, wait, reqID("r1")), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, 1), Current: 2}},
+			{acquire("a", 11, wait, reqID("r1"), as(1)), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, 1), Current: 2}},
 			{expire("a", 2), Result{Outcome: Expired, Scope: "a", Lease: withRequest(leaseOf(2, 2), "r2"),
 				Events: []Event{
 					ev(EventExpired, "a", withRequest(leaseOf(2, 2), "r2")),
 					ev(EventGranted, "a", withRequest(leaseOf(3, 3), "r3")),
 				}}},
-			{acquire("a", 12, reqID("r2")), Result{Outcome: Lost, Scope: "a", Lease: lostOf(2, 2), Current: 3}},
+			{acquire("a", 12, reqID("r2"), as(2)), Result{Outcome: Lost, Scope: "a", Lease: lostOf(2, 2), Current: 3}},
 			{release("a", 3), Result{Outcome: Released, Scope: "a", Lease: withRequest(leaseOf(3, 3), "r3"),
 				Events: []Event{ev(EventReleased, "a", withRequest(leaseOf(3, 3), "r3"))}}},
-			{acquire("a", 13, reqID("r3")), Result{Outcome: Lost, Scope: "a", Lease: lostOf(3, 3), Current: 0}},
-			{acquire("a", 11, reqID("r1")), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, 1), Current: 0}},
+			{acquire("a", 13, reqID("r3"), as(3)), Result{Outcome: Lost, Scope: "a", Lease: lostOf(3, 3), Current: 0}},
+			{acquire("a", 11, reqID("r1"), as(1)), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, 1), Current: 0}},
 			// Request IDs are per scope.
 			{acquire("b", 4, reqID("r1")), Result{Outcome: Granted, Scope: "b", Lease: withRequest(leaseOf(4, 1), "r1"),
 				Events: []Event{ev(EventGranted, "b", withRequest(leaseOf(4, 1), "r1"))}}},
@@ -454,7 +458,7 @@ var applyCases = []struct {
 		steps: []step{
 			{acquire("a", 1, reqID("r1")), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, maxTok), "r1"),
 				Events: []Event{ev(EventGranted, "a", withRequest(leaseOf(1, maxTok), "r1"))}}},
-			{acquire("a", 11, reqID("r1")), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, maxTok), "r1")}},
+			{acquire("a", 11, reqID("r1"), as(1)), Result{Outcome: Granted, Scope: "a", Lease: withRequest(leaseOf(1, maxTok), "r1")}},
 			{acquire("a", 2), Result{Outcome: Held, Scope: "a", Lease: withRequest(leaseOf(1, maxTok), "r1")}},
 			{acquire("a", 2, wait), Result{Outcome: Queued, Scope: "a", Lease: waiterOf(2)}},
 			{acquire("a", 3, wait), Result{Outcome: Queued, Scope: "a", Lease: waiterOf(3)}},
@@ -468,7 +472,7 @@ var applyCases = []struct {
 				}}},
 			{acquire("a", 4), Result{Outcome: Exhausted, Scope: "a"}},
 			{acquire("a", 4, wait), Result{Outcome: Exhausted, Scope: "a"}},
-			{acquire("a", 11, reqID("r1")), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, maxTok)}},
+			{acquire("a", 11, reqID("r1"), as(1)), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, maxTok)}},
 			{check("a", 1), Result{Outcome: Lost, Scope: "a", Lease: lostOf(1, maxTok)}},
 			{cancel("a", 2), Result{Outcome: NoOp, Scope: "a"}},
 			// Other scopes keep their own counters.
@@ -579,14 +583,14 @@ func TestRetriedAcquireWithinTheWindow(t *testing.T) {
 		s.Apply(acquire("a", n))
 		s.Apply(release("a", n))
 	}
-	r := s.Apply(acquire("a", 11, reqID("r1")))
+	r := s.Apply(acquire("a", 11, reqID("r1"), as(1)))
 	if r.Outcome != Lost || r.Lease.Token != 1 {
 		t.Errorf("a retry of r1 (token 1) after %d later grants = %v with token %d, want lost with token 1",
 			recentGrants-1, r.Outcome, r.Lease.Token)
 	}
 	s.Apply(acquire("a", recentGrants+1))
 	s.Apply(release("a", recentGrants+1))
-	r = s.Apply(acquire("a", 12, reqID("r1")))
+	r = s.Apply(acquire("a", 12, reqID("r1"), as(1)))
 	if r.Outcome != Granted || r.Lease.Token != recentGrants+2 {
 		t.Errorf("a retry of r1 after %d later grants = %v with token %d, want a new grant with token %d (outside the window)",
 			recentGrants, r.Outcome, r.Lease.Token, recentGrants+2)
