@@ -30,12 +30,12 @@ func holder(n byte) string          { return fmt.Sprintf("w%d", n) }
 func ttl(n byte) time.Duration      { return time.Duration(n) * time.Second }
 func wait(c *Command)               { c.Wait = true }
 func reqID(r string) func(*Command) { return func(c *Command) { c.RequestID = r } }
+func at(ns int64) func(*Command)    { return func(c *Command) { c.At = ns } }
+func noLeaseID(c *Command)          { c.LeaseID = fence.LeaseID{} }
 
 // as makes a command come from holder(n): a retry of lease n's acquire
 // carries a fresh lease ID but the same holder.
 func as(n byte) func(*Command) { return func(c *Command) { c.Holder = holder(n) } }
-func at(ns int64) func(*Command)    { return func(c *Command) { c.At = ns } }
-func noLeaseID(c *Command)          { c.LeaseID = fence.LeaseID{} }
 
 // acquire is an acquire of scope by lease n, as a proposer stamps it.
 func acquire(scope string, n byte, opts ...func(*Command)) Command {
