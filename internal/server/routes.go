@@ -7,6 +7,8 @@ import (
 // routes adds fenced's plain HTTP endpoints beside the RPC services.
 func (s *Server) routes(mux *http.ServeMux) {
 	mux.Handle("GET /metrics", s.metrics.handler())
+	mux.HandleFunc("GET /healthz", s.serveHealthz)
+	mux.HandleFunc("GET /readyz", s.serveReadyz)
 }
 
 // servedLocally reports whether a request is about this node itself
@@ -14,7 +16,7 @@ func (s *Server) routes(mux *http.ServeMux) {
 // of forwarding it to the leader.
 func servedLocally(r *http.Request) bool {
 	switch r.URL.Path {
-	case "/metrics":
+	case "/metrics", "/healthz", "/readyz":
 		return true
 	}
 	return false
