@@ -69,7 +69,16 @@ type Lease struct {
 	Holder    string
 	TTL       time.Duration
 	ExpiresIn time.Duration // time left as the service saw it when it answered
+	// Signed is the signed form of the token when the service signs grants
+	// (acquire and renew answers only); the zero Token otherwise.
+	Signed Token
 }
 
-// FencingToken returns the lease's token together with its scope.
-func (l Lease) FencingToken() Token { return Token{Scope: l.Scope, Value: l.Token} }
+// FencingToken returns the lease's token together with its scope, signed
+// when the service signed it.
+func (l Lease) FencingToken() Token {
+	if l.Signed.Signed() {
+		return l.Signed
+	}
+	return Token{Scope: l.Scope, Value: l.Token}
+}

@@ -1,6 +1,7 @@
 package fence
 
 import (
+	"encoding/base64"
 	"math"
 	"strconv"
 	"strings"
@@ -20,12 +21,55 @@ const tokenPrefix = "fence:"
 type Token struct {
 	Scope string
 	Value uint64
+
+	// A signed token also carries the grant's lease ID and the service's
+	// Ed25519 signature over scope, value and lease ID, made with the key
+	// named KeyID. Guards that know the service's public keys refuse a
+	// token whose signature does not verify (package signing). Sig is the
+	// raw 64-byte signature; all three are empty for an unsigned token.
+	LeaseID LeaseID
+	KeyID   string
+	Sig     string
 }
 
-// String returns the token's text form, "fence:v1:SCOPE:VALUE", for headers,
-// environment variables and logs. ParseToken reads it back.
+// Signed reports whether t carries a signature.
+func (t Token) Signed() bool { return t.Sig != "" }
+
+// Unsigned returns t without its signature: the scope and value only.
+func (t Token) Unsigned() Token { return Token{Scope: t.Scope, Value: t.Value} }
+
+// SignedPayload returns the bytes a signature of t covers. The fixed
+// prefix keeps a token signature from being valid as anything else.
+func (t Token) SignedPayload() []byte {
+	return []byte("fence-token-v2\x00" + t.Scope + "\x00" + strconv.FormatUint(t.Value, 10) + "\x00" + t.LeaseID.String())
+}
+
+// String returns the token's text form, for headers, environment variables
+// and logs: "fence:v1:SCOPE:VALUE" unsigned, and
+// "fence:v2:SCOPE:VALUE:LEASE_ID:KEY_ID:SIGNATURE" signed (the signature in
+// unpadded base64url). ParseToken reads both back.
 func (t Token) String() string {
+	if t.Signed() {
+		return tokenPrefix + "v2:" + t.Scope + ":" + strconv.FormatUint(t.Value, 10) + ":" + t.LeaseID.String() + ":" + t.KeyID + ":" + base64.RawURLEncoding.EncodeToString([]byte(t.Sig))
+	}
 	return tokenPrefix + "v1:" + t.Scope + ":" + strconv.FormatUint(t.Value, 10)
+}
+
+// MaxKeyIDLen bounds a signing key's ID.
+const MaxKeyIDLen = 32
+
+// ValidateKeyID reports whether id can name a signing key: 1 to 32 of
+// a-z, 0-9 and '-'.
+func ValidateKeyID(id string) error {
+	if id == "" || len(id) > MaxKeyIDLen {
+		return invalid("key_id", "%d bytes long; want 1 to %d of a-z, 0-9 and '-'", len(id), MaxKeyIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return invalid("key_id", "%s has a character other than a-z, 0-9 and '-'", quoteShort(id))
+		}
+	}
+	return nil
 }
 
 // Less reports whether t is an older generation than u of the same scope.
@@ -34,13 +78,13 @@ func (t Token) Less(u Token) bool {
 	return t.Scope == u.Scope && t.Value < u.Value
 }
 
-// ParseToken parses a token's text form. It accepts version 1,
+// ParseToken parses a token's text form: version 1,
 // "fence:v1:SCOPE:VALUE", where SCOPE obeys ValidateScope and VALUE is a
-// decimal integer from 1 to MaxToken without sign or leading zeros. The
-// version field leaves room for later forms (a signed one) that will keep
-// this one readable.
+// decimal integer from 1 to MaxToken without sign or leading zeros, or
+// version 2, the signed form (see Token.String). Parsing does not verify a
+// signature: that needs the service's public keys (package signing).
 func ParseToken(s string) (Token, error) {
-	const maxLen = len(tokenPrefix) + len("v1:") + MaxScopeLen + 1 + 19
+	const maxLen = len(tokenPrefix) + len("v2:") + MaxScopeLen + 1 + 19 + 1 + 32 + 1 + MaxKeyIDLen + 1 + 86
 	if len(s) > maxLen {
 		return Token{}, invalid("token", "text form is %d bytes, at most %d allowed", len(s), maxLen)
 	}
@@ -52,8 +96,12 @@ func ParseToken(s string) (Token, error) {
 	if !ok {
 		return Token{}, invalid("token", "%q has no version: want fence:v1:SCOPE:VALUE", s)
 	}
-	if version != "v1" {
-		return Token{}, invalid("token", "%q has version %q; this build reads v1", s, version)
+	switch version {
+	case "v1":
+	case "v2":
+		return parseSigned(s, rest)
+	default:
+		return Token{}, invalid("token", "%q has version %q; this build reads v1 and v2", s, version)
 	}
 	i := strings.LastIndexByte(rest, ':')
 	if i < 0 {
@@ -68,6 +116,34 @@ func ParseToken(s string) (Token, error) {
 		return Token{}, err
 	}
 	return Token{Scope: scope, Value: v}, nil
+}
+
+// parseSigned reads the rest of a v2 token: SCOPE:VALUE:LEASE_ID:KEY_ID:SIG.
+// The scope cannot contain ':', so the fields split unambiguously.
+func parseSigned(s, rest string) (Token, error) {
+	f := strings.Split(rest, ":")
+	if len(f) != 5 {
+		return Token{}, invalid("token", "%s has %d fields after the version; want fence:v2:SCOPE:VALUE:LEASE_ID:KEY_ID:SIGNATURE", quoteShort(s), len(f))
+	}
+	if err := ValidateScope(f[0]); err != nil {
+		return Token{}, err
+	}
+	v, err := parseValue(f[1])
+	if err != nil {
+		return Token{}, err
+	}
+	id, err := ParseLeaseID(f[2])
+	if err != nil {
+		return Token{}, err
+	}
+	if err := ValidateKeyID(f[3]); err != nil {
+		return Token{}, err
+	}
+	sig, err := base64.RawURLEncoding.Strict().DecodeString(f[4])
+	if err != nil || len(sig) != 64 {
+		return Token{}, invalid("token", "signature %s is not 64 bytes in unpadded base64url", quoteShort(f[4]))
+	}
+	return Token{Scope: f[0], Value: v, LeaseID: id, KeyID: f[3], Sig: string(sig)}, nil
 }
 
 // parseValue reads a token value strictly: digits only, no leading zero.

@@ -49,7 +49,7 @@ func TestParseTokenRejects(t *testing.T) {
 	const (
 		prefix  = `must start with "fence:"`
 		form    = "want fence:v1:SCOPE:VALUE"
-		version = "this build reads v1"
+		version = "this build reads v1 and v2"
 		value   = "from 1 to " + maxTokenText
 		above   = "above the maximum " + maxTokenText
 		chars   = "allowed are ASCII letters, digits, '.', '_', '-' and '/'"
@@ -71,7 +71,8 @@ func TestParseTokenRejects(t *testing.T) {
 		{"version only", "fence:v1", "token", form},
 		{"no value", "fence:v1:a", "token", form},
 		{"nothing after the version", "fence:v1:", "token", form},
-		{"version 2", "fence:v2:a:1", "token", version},
+		{"version 3", "fence:v3:a:1", "token", version},
+		{"version 2 without its signature", "fence:v2:a:1", "token", "want fence:v2:SCOPE:VALUE:LEASE_ID:KEY_ID:SIGNATURE"},
 		{"upper-case version", "fence:V1:a:1", "token", version},
 		{"empty version", "fence::a:1", "token", version},
 		{"version 1.0", "fence:v1.0:a:1", "token", version},
@@ -110,9 +111,9 @@ func TestParseTokenRejects(t *testing.T) {
 		{"scope a/", s("a/"), "scope", segment},
 		{"scope of 257 bytes", s(strings.Repeat("s", fence.MaxScopeLen+1)), "scope", "at most 256 allowed"},
 
-		{"one byte too long", longestToken + "0", "token", "at most 285 allowed"},
-		{"1 MiB", "fence:v1:" + strings.Repeat("a", 1<<20) + ":1", "token", "at most 285 allowed"},
-		{"1 MiB of NUL", strings.Repeat("\x00", 1<<20), "token", "at most 285 allowed"},
+		{"one digit too many", longestToken + "0", "token", "above the maximum"},
+		{"1 MiB", "fence:v1:" + strings.Repeat("a", 1<<20) + ":1", "token", "at most 438 allowed"},
+		{"1 MiB of NUL", strings.Repeat("\x00", 1<<20), "token", "at most 438 allowed"},
 	} {
 		tok, err := fence.ParseToken(tc.in)
 		if err == nil {

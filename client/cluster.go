@@ -89,3 +89,17 @@ func nodesFrom(ns []*fencev1.Node) []Node {
 	}
 	return out
 }
+
+// RotateSigningKey makes the service sign with a new key from now on and
+// returns its ID. Tokens signed with the previous keys keep verifying for
+// the service's grace period (fenced --key-grace). A retry after a lost
+// answer may rotate twice, which is harmless.
+func (c *Client) RotateSigningKey(ctx context.Context) (string, error) {
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RotateSigningKeyResponse], error) {
+		return n.cluster.RotateSigningKey(ctx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
+	})
+	if err != nil {
+		return "", fmt.Errorf("rotate signing key: %w", err)
+	}
+	return resp.Msg.KeyId, nil
+}

@@ -57,6 +57,11 @@ func WithMaxTTL(d time.Duration) Option {
 // WithLogger sends the server's logs to l (default: discarded).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *server.Config) { c.Logger = l }) }
 
+// WithSigning makes the server sign the tokens it grants, as fenced does by
+// default; Keys then fetches its public keys. Without it tokens are
+// unsigned, so examples can print them.
+func WithSigning() Option { return optionFunc(func(c *server.Config) { c.SignTokens = true }) }
+
 // NewServer starts a server on a free loopback port and waits until it
 // grants. It panics if it cannot, like httptest.NewServer.
 func NewServer(opts ...Option) *Server {
@@ -68,6 +73,7 @@ func NewServer(opts ...Option) *Server {
 	cfg.DataDir = dir
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.SignTokens = false
 	for _, o := range opts {
 		o.apply(&cfg)
 	}

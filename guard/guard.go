@@ -85,7 +85,21 @@ type Guard struct {
 	strict bool
 	log    *slog.Logger
 	obs    Observer
+	verify Verifier
 }
+
+// Verifier checks a token's signature; *signing.KeySet is one. A token it
+// refuses never reaches the store, so a forged or inflated token cannot
+// move the high-water mark.
+type Verifier interface {
+	Verify(fence.Token) error
+}
+
+// WithVerifier makes the guard accept only tokens v verifies: signed by
+// the lease service, for this scope and this value. Without it any
+// well-formed token is believed, and one forged token of 2^63−1 would lock
+// every honest writer out.
+func WithVerifier(v Verifier) Option { return optionFunc(func(g *Guard) { g.verify = v }) }
 
 // Observer learns the outcome of every write a Guard checks, for metrics
 // (guardmetrics has a Prometheus one). Its methods must be fast and safe
@@ -136,6 +150,13 @@ func (g *Guard) Fence(ctx context.Context, scope string, w Write, apply func(ctx
 	}
 	if w.Token.Value == 0 || w.Token.Value > fence.MaxToken {
 		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", w.Token.Value, uint64(fence.MaxToken))}
+	}
+	if g.verify != nil {
+		if err := g.verify.Verify(w.Token); err != nil {
+			g.log.LogAttrs(ctx, slog.LevelWarn, "unverified token refused",
+				slog.String("scope", scope), slog.Uint64("presented_token", w.Token.Value), slog.String("err", err.Error()))
+			return err
+		}
 	}
 	err := g.store.Fence(ctx, w, g.strict, apply)
 	if err == nil && g.obs != nil {

@@ -65,6 +65,16 @@ func nodesText(w io.Writer, ns []client.Node, leader string) {
 	tw.Flush()
 }
 
+// groupArgs is the Args of a command that only groups others. Without it,
+// cobra prints help and exits 0 for a mistyped subcommand, where root's own
+// unknown commands are usage errors.
+func groupArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
 func (a *app) newClusterCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
@@ -76,14 +86,7 @@ node answers, and changes go to the leader whichever node takes them.`,
 		Example: `  fencectl cluster status --addr 10.0.0.1:7481,10.0.0.2:7481,10.0.0.3:7481
   fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481
   fencectl cluster remove n3`,
-		// Without these, cobra prints help and exits 0 for a mistyped
-		// subcommand, where root's own unknown commands are usage errors.
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
-			}
-			return nil
-		},
+		Args: groupArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.newClusterStatusCmd(), a.newClusterAddCmd(), a.newClusterRemoveCmd())

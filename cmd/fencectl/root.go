@@ -147,6 +147,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newListCmd(),
 		a.newExecCmd(),
 		a.newClusterCmd(),
+		a.newTokenCmd(),
 	)
 	return root
 }

@@ -65,6 +65,8 @@ func parse(args []string) (server.Config, error) {
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 120*time.Second, "how often to check --snapshot-threshold (randomised up to twice this)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "largest TTL an acquire may ask for")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "TTL of an acquire that names none")
+	fs.BoolVar(&cfg.SignTokens, "sign-tokens", cfg.SignTokens, "sign every token (Ed25519; public keys at GET /keys); false hands out unsigned tokens, which a guard cannot tell from forged ones")
+	fs.DurationVar(&cfg.KeyGrace, "key-grace", cfg.KeyGrace, "how long tokens signed by a rotated-out key keep verifying")
 	format := fs.String("log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug (shows renewals), info, warn or error")
 	fs.Usage = func() {

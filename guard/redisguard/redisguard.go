@@ -99,7 +99,12 @@ type config struct {
 	strict bool
 	log    *slog.Logger
 	obs    guard.Observer
+	verify guard.Verifier
 }
+
+// WithVerifier makes a Guard accept only tokens v verifies (see
+// guard.WithVerifier); a refused token never reaches Redis.
+func WithVerifier(v guard.Verifier) Option { return optionFunc(func(c *config) { c.verify = v }) }
 
 // WithStrictSequence makes a Guard refuse, inside one epoch, a write whose
 // sequence number is not greater than the last accepted one (guard.Check's
@@ -236,6 +241,11 @@ func (g *Guard) Eval(ctx context.Context, w guard.Write, body string, keys []str
 
 // run validates w, runs a fenced script and decodes its reply.
 func (g *Guard) run(ctx context.Context, s *redis.Script, w guard.Write, op string, keys []string, args ...any) (any, error) {
+	if g.cfg.verify != nil {
+		if err := g.cfg.verify.Verify(w.Token); err != nil {
+			return nil, err
+		}
+	}
 	r, err := run(ctx, g.rdb, g.cfg.prefix, s, w, g.cfg.strict, keys, args...)
 	var stale *guard.StaleError
 	switch {

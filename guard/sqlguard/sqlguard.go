@@ -33,6 +33,7 @@ type config struct {
 	strict bool
 	log    *slog.Logger
 	obs    guard.Observer
+	verify guard.Verifier
 }
 
 // WithTable keeps the marks in table instead of DefaultTable: a name of
@@ -60,6 +61,10 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.l
 // WithObserver reports every accepted and rejected write of Update and
 // UpdateRow to o, as guard.WithObserver does.
 func WithObserver(o guard.Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
+
+// WithVerifier makes Update and UpdateRow accept only tokens v verifies
+// (guard.WithVerifier), before the fence table or row is touched.
+func WithVerifier(v guard.Verifier) Option { return optionFunc(func(c *config) { c.verify = v }) }
 
 // Store keeps each scope's highest accepted mark in a table of the
 // database it guards, and advances it inside the transaction that makes
@@ -101,6 +106,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	}
 	if c.obs != nil {
 		s.gopts = append(s.gopts, guard.WithObserver(c.obs))
+	}
+	if c.verify != nil {
+		s.gopts = append(s.gopts, guard.WithVerifier(c.verify))
 	}
 	s.guard = guard.New(s, s.gopts...)
 	return s, nil

@@ -33,6 +33,9 @@ const (
 	// OpForgetNode records that node Node was removed: its address is
 	// dropped and its ID is refused from then on.
 	OpForgetNode Op = "forget_node"
+	// OpAddKey adds token-signing key KeyID with Seed, making it the one that
+	// signs; older keys keep verifying for TTL from At.
+	OpAddKey Op = "add_key"
 )
 
 // MaxRequestIDLen bounds the client request ID of an acquire.
@@ -52,6 +55,8 @@ type Command struct {
 	At        int64         `json:"at,omitempty"` // proposer's wall clock, Unix nanoseconds; recorded, never compared
 	Node      string        `json:"node,omitempty"`
 	Addr      string        `json:"addr,omitempty"`
+	KeyID     string        `json:"key_id,omitempty"`
+	Seed      string        `json:"seed,omitempty"` // hexadecimal: the log is JSON text
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -97,6 +102,8 @@ func (c Command) Validate() error {
 		return validateAddr(c.Addr)
 	case OpForgetNode:
 		return ValidateNodeID(c.Node)
+	case OpAddKey:
+		return validateKeyCommand(c)
 	}
 	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
 }

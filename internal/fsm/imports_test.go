@@ -15,7 +15,7 @@ import (
 // allowedImports is all the state machine may import: no I/O, no clock, no
 // randomness, no goroutines, no locks.
 var allowedImports = []string{
-	"bytes", "encoding/json", "errors", "fmt", "hash/crc32", "maps", "slices", "strconv", "strings", "time", "unicode/utf8",
+	"bytes", "encoding/hex", "encoding/json", "errors", "fmt", "hash/crc32", "maps", "slices", "strconv", "strings", "time", "unicode/utf8",
 	"github.com/fence-dev/fence",
 }
 

@@ -21,6 +21,7 @@ type snapshotBody struct {
 	Scopes  []snapshotScope   `json:"scopes"`
 	Nodes   map[string]string `json:"nodes,omitempty"`
 	Removed []string          `json:"removed,omitempty"`
+	Keys    []SigningKey      `json:"keys,omitempty"`
 }
 
 type snapshotScope struct {
@@ -44,6 +45,7 @@ func (s *State) Snapshot() []byte {
 		body.Nodes = s.nodes // encoding/json sorts map keys
 	}
 	body.Removed = s.removedList()
+	body.Keys = s.keys
 	b, err := json.Marshal(body)
 	if err != nil {
 		panic(err) // unreachable: every field marshals
@@ -104,6 +106,10 @@ func Restore(b []byte) (*State, error) {
 		}
 		s.removed[id] = true
 	}
+	if err := checkKeys(sb.Keys); err != nil {
+		return nil, fmt.Errorf("restore snapshot: signing %w", err)
+	}
+	s.keys = sb.Keys
 	return s, nil
 }
 

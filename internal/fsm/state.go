@@ -122,6 +122,7 @@ type State struct {
 	scopes  map[string]*scope
 	nodes   map[string]string // node ID → API address
 	removed map[string]bool   // node IDs removed from the cluster
+	keys    []SigningKey      // oldest first; the last one signs
 }
 
 // New returns an empty State.
@@ -148,6 +149,8 @@ func (s *State) Apply(c Command) Result {
 		return s.setNode(c)
 	case OpForgetNode:
 		return s.forgetNode(c)
+	case OpAddKey:
+		return s.addKey(c)
 	default: // OpPromote
 		return s.promote()
 	}

@@ -86,7 +86,7 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 func (s *Server) forward(next http.Handler) http.Handler {
 	status := "/" + fencev1connect.ClusterServiceName + "/Status"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.ready.Load() || r.URL.Path == status || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
+		if s.ready.Load() || r.URL.Path == status || r.URL.Path == keysPath || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
 			next.ServeHTTP(w, r)
 			return
 		}

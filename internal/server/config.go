@@ -40,6 +40,11 @@ type Config struct {
 	DefaultTTL time.Duration
 	// MinTTL and MaxTTL bound the TTL an acquire may ask for.
 	MinTTL, MaxTTL time.Duration
+	// SignTokens makes the service sign every token it grants (Ed25519,
+	// keys replicated with the state, public keys served at /keys).
+	SignTokens bool
+	// KeyGrace is how long a rotated-out key keeps verifying.
+	KeyGrace time.Duration
 	// Logger receives lease transitions and server events.
 	Logger *slog.Logger
 }
@@ -53,6 +58,8 @@ func DefaultConfig() Config {
 		DefaultTTL: 10 * time.Second,
 		MinTTL:     100 * time.Millisecond,
 		MaxTTL:     5 * time.Minute,
+		SignTokens: true,
+		KeyGrace:   24 * time.Hour,
 		Logger:     slog.Default(),
 	}
 }

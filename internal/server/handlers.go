@@ -239,6 +239,9 @@ func (s *Server) lease(scope string, l fsm.Lease, withID bool) *fencev1.Lease {
 		Scope: scope, Token: l.Token, ID: l.ID, Holder: l.Holder, TTL: l.TTL,
 		ExpiresIn: s.deadlines.left(scope, l.Token, time.Now()),
 	}
+	if withID {
+		fl.Signed = s.sign(fence.Token{Scope: scope, Value: l.Token, LeaseID: l.ID})
+	}
 	var granted time.Time
 	if l.GrantedAt != 0 {
 		granted = time.Unix(0, l.GrantedAt)

@@ -42,6 +42,8 @@ type Server struct {
 	peers  *http.Client           // for joining and asking peers
 	failed chan error             // a background task's fatal error
 
+	signer signer
+
 	gmu       sync.Mutex
 	leaderGen chan struct{} // closed when the leader changes
 
@@ -98,6 +100,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
+	mux.HandleFunc("GET "+keysPath, s.serveKeys)
 	s.routes(mux)
 	s.http = &http.Server{
 		Handler:           s.forward(mux),
@@ -226,6 +229,9 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	}
 	if err := s.recordSelf(bctx); err != nil {
 		return fmt.Errorf("record this node's API address: %w", err)
+	}
+	if err := s.ensureKey(bctx); err != nil {
+		return fmt.Errorf("create the token-signing key: %w", err)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -32,6 +32,7 @@ var codes = []struct {
 	{fence.ErrNotHolder, connect.CodeNotFound},
 	{fence.ErrTokensExhausted, connect.CodeResourceExhausted},
 	{fence.ErrUnavailable, connect.CodeUnavailable},
+	{fence.ErrMissedEvents, connect.CodeOutOfRange},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }
@@ -166,7 +167,7 @@ func LeaseFrom(p *fencev1.Lease) fence.Lease {
 		return fence.Lease{}
 	}
 	id, _ := fence.ParseLeaseID(p.LeaseId)
-	return fence.Lease{
+	l := fence.Lease{
 		Scope:     p.Scope,
 		Token:     p.Token,
 		ID:        id,
@@ -174,4 +175,9 @@ func LeaseFrom(p *fencev1.Lease) fence.Lease {
 		TTL:       p.Ttl.AsDuration(),
 		ExpiresIn: p.ExpiresIn.AsDuration(),
 	}
+	// A signed text form is kept only if it is the token of this very lease.
+	if t, err := fence.ParseToken(p.TokenText); err == nil && t.Signed() && t.Scope == l.Scope && t.Value == l.Token && t.LeaseID == l.ID {
+		l.Signed = t
+	}
+	return l
 }

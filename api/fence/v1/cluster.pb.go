@@ -419,6 +419,87 @@ func (x *RemoveNodeResponse) GetNodes() []*Node {
 	return nil
 }
 
+type RotateSigningKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateSigningKeyRequest) Reset() {
+	*x = RotateSigningKeyRequest{}
+	mi := &file_fence_v1_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateSigningKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateSigningKeyRequest) ProtoMessage() {}
+
+func (x *RotateSigningKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateSigningKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateSigningKeyRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+type RotateSigningKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ID of the key that signs from now on.
+	KeyId         string `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateSigningKeyResponse) Reset() {
+	*x = RotateSigningKeyResponse{}
+	mi := &file_fence_v1_cluster_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateSigningKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateSigningKeyResponse) ProtoMessage() {}
+
+func (x *RotateSigningKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_cluster_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateSigningKeyResponse.ProtoReflect.Descriptor instead.
+func (*RotateSigningKeyResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RotateSigningKeyResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
 var File_fence_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_fence_v1_cluster_proto_rawDesc = "" +
@@ -447,12 +528,16 @@ const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\x11RemoveNodeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
 	"\x12RemoveNodeResponse\x12$\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x0e.fence.v1.NodeR\x05nodes2\xdb\x01\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x0e.fence.v1.NodeR\x05nodes\"\x19\n" +
+	"\x17RotateSigningKeyRequest\"1\n" +
+	"\x18RotateSigningKeyResponse\x12\x15\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId2\xb6\x02\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\aAddNode\x12\x18.fence.v1.AddNodeRequest\x1a\x19.fence.v1.AddNodeResponse\x12G\n" +
 	"\n" +
-	"RemoveNode\x12\x1b.fence.v1.RemoveNodeRequest\x1a\x1c.fence.v1.RemoveNodeResponseB1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
+	"RemoveNode\x12\x1b.fence.v1.RemoveNodeRequest\x1a\x1c.fence.v1.RemoveNodeResponse\x12Y\n" +
+	"\x10RotateSigningKey\x12!.fence.v1.RotateSigningKeyRequest\x1a\".fence.v1.RotateSigningKeyResponseB1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_cluster_proto_rawDescOnce sync.Once
@@ -466,15 +551,17 @@ func file_fence_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_fence_v1_cluster_proto_rawDescData
 }
 
-var file_fence_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_fence_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_fence_v1_cluster_proto_goTypes = []any{
-	(*Node)(nil),               // 0: fence.v1.Node
-	(*StatusRequest)(nil),      // 1: fence.v1.StatusRequest
-	(*StatusResponse)(nil),     // 2: fence.v1.StatusResponse
-	(*AddNodeRequest)(nil),     // 3: fence.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),    // 4: fence.v1.AddNodeResponse
-	(*RemoveNodeRequest)(nil),  // 5: fence.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil), // 6: fence.v1.RemoveNodeResponse
+	(*Node)(nil),                     // 0: fence.v1.Node
+	(*StatusRequest)(nil),            // 1: fence.v1.StatusRequest
+	(*StatusResponse)(nil),           // 2: fence.v1.StatusResponse
+	(*AddNodeRequest)(nil),           // 3: fence.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),          // 4: fence.v1.AddNodeResponse
+	(*RemoveNodeRequest)(nil),        // 5: fence.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),       // 6: fence.v1.RemoveNodeResponse
+	(*RotateSigningKeyRequest)(nil),  // 7: fence.v1.RotateSigningKeyRequest
+	(*RotateSigningKeyResponse)(nil), // 8: fence.v1.RotateSigningKeyResponse
 }
 var file_fence_v1_cluster_proto_depIdxs = []int32{
 	0, // 0: fence.v1.StatusResponse.nodes:type_name -> fence.v1.Node
@@ -483,11 +570,13 @@ var file_fence_v1_cluster_proto_depIdxs = []int32{
 	1, // 3: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
 	3, // 4: fence.v1.ClusterService.AddNode:input_type -> fence.v1.AddNodeRequest
 	5, // 5: fence.v1.ClusterService.RemoveNode:input_type -> fence.v1.RemoveNodeRequest
-	2, // 6: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	4, // 7: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
-	6, // 8: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
+	7, // 6: fence.v1.ClusterService.RotateSigningKey:input_type -> fence.v1.RotateSigningKeyRequest
+	2, // 7: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	4, // 8: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
+	6, // 9: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
+	8, // 10: fence.v1.ClusterService.RotateSigningKey:output_type -> fence.v1.RotateSigningKeyResponse
+	7, // [7:11] is the sub-list for method output_type
+	3, // [3:7] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
 	3, // [3:3] is the sub-list for extension extendee
 	0, // [0:3] is the sub-list for field type_name
@@ -504,7 +593,7 @@ func file_fence_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_cluster_proto_rawDesc), len(file_fence_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

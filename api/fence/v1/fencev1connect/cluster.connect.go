@@ -42,6 +42,9 @@ const (
 	// ClusterServiceRemoveNodeProcedure is the fully-qualified name of the ClusterService's RemoveNode
 	// RPC.
 	ClusterServiceRemoveNodeProcedure = "/fence.v1.ClusterService/RemoveNode"
+	// ClusterServiceRotateSigningKeyProcedure is the fully-qualified name of the ClusterService's
+	// RotateSigningKey RPC.
+	ClusterServiceRotateSigningKeyProcedure = "/fence.v1.ClusterService/RotateSigningKey"
 )
 
 // ClusterServiceClient is a client for the fence.v1.ClusterService service.
@@ -56,6 +59,11 @@ type ClusterServiceClient interface {
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
+	// RotateSigningKey makes a new key sign every token granted from now on.
+	// The previous keys keep verifying for fenced's --key-grace, so tokens
+	// already handed out stay valid at the guards until then. Guards fetch
+	// the public keys at GET /keys.
+	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -88,14 +96,21 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("RemoveNode")),
 			connect.WithClientOptions(opts...),
 		),
+		rotateSigningKey: connect.NewClient[v1.RotateSigningKeyRequest, v1.RotateSigningKeyResponse](
+			httpClient,
+			baseURL+ClusterServiceRotateSigningKeyProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RotateSigningKey")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	addNode    *connect.Client[v1.AddNodeRequest, v1.AddNodeResponse]
-	removeNode *connect.Client[v1.RemoveNodeRequest, v1.RemoveNodeResponse]
+	status           *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	addNode          *connect.Client[v1.AddNodeRequest, v1.AddNodeResponse]
+	removeNode       *connect.Client[v1.RemoveNodeRequest, v1.RemoveNodeResponse]
+	rotateSigningKey *connect.Client[v1.RotateSigningKeyRequest, v1.RotateSigningKeyResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -113,6 +128,11 @@ func (c *clusterServiceClient) RemoveNode(ctx context.Context, req *connect.Requ
 	return c.removeNode.CallUnary(ctx, req)
 }
 
+// RotateSigningKey calls fence.v1.ClusterService.RotateSigningKey.
+func (c *clusterServiceClient) RotateSigningKey(ctx context.Context, req *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error) {
+	return c.rotateSigningKey.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status reports every voter in the Raft configuration and which node
@@ -125,6 +145,11 @@ type ClusterServiceHandler interface {
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
+	// RotateSigningKey makes a new key sign every token granted from now on.
+	// The previous keys keep verifying for fenced's --key-grace, so tokens
+	// already handed out stay valid at the guards until then. Guards fetch
+	// the public keys at GET /keys.
+	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -153,6 +178,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("RemoveNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceRotateSigningKeyHandler := connect.NewUnaryHandler(
+		ClusterServiceRotateSigningKeyProcedure,
+		svc.RotateSigningKey,
+		connect.WithSchema(clusterServiceMethods.ByName("RotateSigningKey")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -161,6 +192,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceAddNodeHandler.ServeHTTP(w, r)
 		case ClusterServiceRemoveNodeProcedure:
 			clusterServiceRemoveNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceRotateSigningKeyProcedure:
+			clusterServiceRotateSigningKeyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -180,4 +213,8 @@ func (UnimplementedClusterServiceHandler) AddNode(context.Context, *connect.Requ
 
 func (UnimplementedClusterServiceHandler) RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RemoveNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RotateSigningKey is not implemented"))
 }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The fault kinds.
+const (
+	faultPause         = "pause"          // SIGSTOP a worker longer than its TTL, then SIGCONT
+	faultDelay         = "delay"          // hold a worker's next resource request back, then deliver it
+	faultCrash         = "crash"          // kill -9 fenced (the leader, in a cluster) and restart it
+	faultPartition     = "partition"      // cut a worker off from fenced
+	faultNodePartition = "node-partition" // cut a fenced node off from the others (cluster only)
+	faultDrift         = "drift"          // a worker whose clock runs slow or fast, for the whole run
+)
+
+var allFaults = []string{faultPause, faultDelay, faultCrash, faultPartition, faultNodePartition, faultDrift}
+
+// fault is one entry of the schedule: at At after the start, do Kind to
+// worker (or node) Target for For.
+type fault struct {
+	At     time.Duration
+	Kind   string
+	Target int
+	For    time.Duration
+	// AtRequest: a pause starts as the worker sends its next request to
+	// the resource (a process stopped in the middle of its work), not at
+	// At itself.
+	AtRequest bool
+}
+
+func (f fault) String() string {
+	at := ""
+	if f.AtRequest {
+		at = " at its next request"
+	}
+	return fmt.Sprintf("%6.2fs %-14s target %d for %v%s", f.At.Seconds(), f.Kind, f.Target, f.For.Round(time.Millisecond), at)
+}
+
+// schedule is the fault plan of a run, derived from its seed alone: the
+// same seed and parameters give the same plan.
+type schedule struct {
+	faults []fault
+	rates  []float64 // each worker's clock rate
+}
+
+// plan derives the schedule. Faults start from one second in until two
+// seconds before the end (so that in-flight requests resolve before the
+// final reads), one every 0.6 to 1.8 seconds; crashes are at least four
+// seconds apart.
+func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, kinds []string) schedule {
+	rng := rand.New(rand.NewPCG(seed, 0x66656e6365636b)) // "fencechk"
+	on := func(k string) bool { return slices.Contains(kinds, k) }
+	s := schedule{rates: make([]float64, workers)}
+	for i := range s.rates {
+		s.rates[i] = 1
+	}
+	if on(faultDrift) {
+		perm := rng.Perm(workers)
+		s.rates[perm[0]] = 0.3 + 0.2*rng.Float64() // slow: renews late, writes past expiry
+		if workers > 1 {
+			s.rates[perm[1]] = 1.5 + rng.Float64() // fast: gives up early
+		}
+	}
+	type weighted struct {
+		kind string
+		w    int
+	}
+	var menu []weighted
+	total := 0
+	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}} {
+		if on(k.kind) && (k.kind != faultNodePartition || nodes > 1) {
+			menu = append(menu, k)
+			total += k.w
+		}
+	}
+	if total == 0 {
+		return s
+	}
+	between := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(time.Second))
+	}
+	scaled := func(lo, hi float64) time.Duration { return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(ttl)) }
+	lastCrash := -time.Hour
+	for t := time.Second; t < d-2*time.Second && len(s.faults) < 10000; t += between(0.6, 1.8) {
+		pick := rng.IntN(total)
+		var k string
+		for _, m := range menu {
+			if pick < m.w {
+				k = m.kind
+				break
+			}
+			pick -= m.w
+		}
+		f := fault{At: t, Kind: k, Target: rng.IntN(workers)}
+		switch k {
+		case faultPause:
+			f.For = scaled(1.5, 3)
+			f.AtRequest = rng.IntN(3) > 0
+		case faultDelay:
+			f.For = scaled(2, 3.5)
+		case faultPartition:
+			f.For = scaled(1.5, 3)
+		case faultCrash:
+			if t-lastCrash < 4*time.Second {
+				continue
+			}
+			lastCrash = t
+			f.Target = 0 // the leader
+			f.For = between(0.2, 1.5)
+		case faultNodePartition:
+			f.Target = rng.IntN(nodes + 1) // nodes: the leader
+			f.For = between(2, 4)
+		}
+		s.faults = append(s.faults, f)
+	}
+	return s
+}
+
+// counts returns the number of planned faults of each kind.
+func (s schedule) counts() map[string]int {
+	m := map[string]int{}
+	for _, f := range s.faults {
+		m[f.Kind]++
+	}
+	for _, r := range s.rates {
+		if r != 1 {
+			m[faultDrift]++
+		}
+	}
+	return m
+}
+
+// parseFaults reads --faults: a comma-separated list of kinds, "all" or
+// "none".
+func parseFaults(s string) ([]string, error) {
+	switch s {
+	case "all":
+		return allFaults, nil
+	case "none", "":
+		return nil, nil
+	}
+	var kinds []string
+	for k := range strings.SplitSeq(s, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(allFaults, k) {
+			return nil, fmt.Errorf("--faults: unknown fault %q; want some of %s, or all or none", k, strings.Join(allFaults, ","))
+		}
+		kinds = append(kinds, k)
+	}
+	return kinds, nil
+}

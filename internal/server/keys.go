@@ -1,0 +1,115 @@
+package server
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/wire"
+	"github.com/fence-dev/fence/signing"
+)
+
+// keysPath serves the public keys guards verify tokens with. Every node
+// answers from its own replica of the keys.
+const keysPath = "/keys"
+
+// signer signs tokens with the state's current key, keeping the expanded
+// private key of the last one it used.
+type signer struct {
+	mu   sync.Mutex
+	id   string
+	priv ed25519.PrivateKey
+}
+
+// sign returns t signed with the current key, or t unsigned when signing is
+// off or no key exists yet.
+func (s *Server) sign(t fence.Token) fence.Token {
+	if !s.cfg.SignTokens {
+		return t
+	}
+	var cur fsm.SigningKey
+	s.node.Read(func(st *fsm.State) { cur, _ = st.CurrentKey() })
+	if cur.ID == "" {
+		return t
+	}
+	s.signer.mu.Lock()
+	if s.signer.id != cur.ID {
+		s.signer.id, s.signer.priv = cur.ID, ed25519.NewKeyFromSeed(cur.Seed)
+	}
+	priv := s.signer.priv
+	s.signer.mu.Unlock()
+	t.KeyID = cur.ID
+	t.Sig = string(ed25519.Sign(priv, t.SignedPayload()))
+	return t
+}
+
+// ensureKey gives a signing service its first key. The leader calls it on
+// taking office, so the key is created once and replicated to every node.
+func (s *Server) ensureKey(ctx context.Context) error {
+	if !s.cfg.SignTokens {
+		return nil
+	}
+	var have bool
+	s.node.Read(func(st *fsm.State) { _, have = st.CurrentKey() })
+	if have {
+		return nil
+	}
+	return s.rotateKey(ctx)
+}
+
+// RotateSigningKey implements fence.v1.ClusterService.RotateSigningKey. It
+// runs on the leader (followers forward it).
+func (c cluster) RotateSigningKey(ctx context.Context, _ *connect.Request[fencev1.RotateSigningKeyRequest]) (*connect.Response[fencev1.RotateSigningKeyResponse], error) {
+	if !c.s.cfg.SignTokens {
+		return nil, wire.ToConnect(fmt.Errorf("%w: this service does not sign tokens (fenced --sign-tokens=false)", fence.ErrInvalid))
+	}
+	if err := c.s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := c.s.rotateKey(ctx); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	var cur fsm.SigningKey
+	c.s.node.Read(func(st *fsm.State) { cur, _ = st.CurrentKey() })
+	return connect.NewResponse(&fencev1.RotateSigningKeyResponse{KeyId: cur.ID}), nil
+}
+
+// rotateKey adds a new signing key; the old ones keep verifying for the
+// configured grace period.
+func (s *Server) rotateKey(ctx context.Context) error {
+	k := signing.NewKey(time.Now())
+	r, err := s.node.Apply(ctx, fsm.Command{Op: fsm.OpAddKey, KeyID: k.ID, Seed: fmt.Sprintf("%x", k.Seed), TTL: s.cfg.KeyGrace, At: time.Now().UnixNano()})
+	if err == nil && r.Outcome == fsm.Invalid {
+		err = r.Err
+	}
+	if err == nil {
+		s.log.Info("new token-signing key", "key_id", k.ID, "old_keys_verify_for", s.cfg.KeyGrace)
+	}
+	return err
+}
+
+// serveKeys answers GET /keys with the public keys in signing.File form.
+func (s *Server) serveKeys(w http.ResponseWriter, r *http.Request) {
+	var keys []fsm.SigningKey
+	s.node.Read(func(st *fsm.State) { keys = st.SigningKeys() })
+	f := signing.File{Keys: []signing.PublicKey{}}
+	for _, k := range keys {
+		pub := signing.PrivateKey{ID: k.ID, Seed: k.Seed}.Public()
+		if k.RetireAt != 0 {
+			pub.NotAfter = time.Unix(0, k.RetireAt).UTC()
+		}
+		f.Keys = append(f.Keys, pub)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(f)
+}

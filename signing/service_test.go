@@ -1,0 +1,100 @@
+package signing_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/signing"
+)
+
+// TestServiceSignsAndGuardVerifies runs a signing service and a guard that
+// fetched its keys: the service's tokens pass, and no forged, inflated,
+// foreign or unsigned token moves the guard's mark; after a key rotation
+// both the new tokens and the ones signed before still pass.
+func TestServiceSignsAndGuardVerifies(t *testing.T) {
+	srv := fencetest.NewServer(fencetest.WithSigning())
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	keys, err := signing.Refreshing(ctx, nil, srv.Addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := guard.NewMemoryStore()
+	g := guard.New(store, guard.WithVerifier(keys))
+	write := func(tok fence.Token) error {
+		return g.Fence(ctx, tok.Scope, guard.Write{Token: tok}, func(context.Context) error { return nil })
+	}
+
+	l1, err := c.Acquire(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok1 := l1.Token()
+	if !tok1.Signed() || tok1.LeaseID != l1.ID() {
+		t.Fatalf("the service's token is not signed for its lease: %+v", tok1)
+	}
+	if err := write(tok1); err != nil {
+		t.Fatalf("the service's own token: %v", err)
+	}
+	if renewed, err := c.Renew(ctx, "orders", l1.ID()); err != nil || renewed.FencingToken() != tok1 {
+		t.Fatalf("a renewal answered %+v, %v; want the same signed token", renewed.FencingToken(), err)
+	}
+
+	inflated := tok1
+	inflated.Value = fence.MaxToken
+	foreign := tok1
+	foreign.Scope = "billing"
+	forged := signing.NewKey(testNow()).Sign(fence.Token{Scope: "orders", Value: fence.MaxToken, LeaseID: l1.ID()})
+	for name, tok := range map[string]fence.Token{
+		"inflated":           inflated,
+		"unsigned":           fence.Token{Scope: "orders", Value: fence.MaxToken},
+		"signed by a forger": forged,
+	} {
+		if err := write(tok); !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("%s token %s: %v, want an invalid-token error", name, tok, err)
+		}
+	}
+	if err := g.Fence(ctx, "orders", guard.Write{Token: foreign}, func(context.Context) error { return nil }); !errors.Is(err, fence.ErrInvalid) {
+		t.Errorf("a token re-labelled for another scope: %v", err)
+	}
+	if err := write(foreign); !errors.Is(err, signing.ErrBadSignature) {
+		t.Errorf("a token re-labelled for another scope, at that scope's guard: %v", err)
+	}
+	if m := store.Highest("orders"); m.Token != tok1.Value {
+		t.Fatalf("the mark moved to %d; only token %d was genuine", m.Token, tok1.Value)
+	}
+
+	// Rotate: new grants carry the new key, the guard learns it by
+	// refetching, and the old token still verifies during the grace period.
+	kid, err := c.RotateSigningKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.Acquire(ctx, "orders", client.WithHolder("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token().KeyID != kid || kid == tok1.KeyID {
+		t.Fatalf("after rotating to %q the token is signed by %q (before: %q)", kid, l2.Token().KeyID, tok1.KeyID)
+	}
+	if err := write(l2.Token()); err != nil {
+		t.Fatalf("a token of the new key: %v", err)
+	}
+	if err := keys.Verify(tok1); err != nil {
+		t.Fatalf("a token of the old key during its grace period: %v", err)
+	}
+	if err := write(tok1); !errors.As(err, new(*guard.StaleError)) {
+		t.Fatalf("the old holder's write after the new one: %v, want stale", err)
+	}
+}
