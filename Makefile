@@ -3,6 +3,7 @@ SHELL := bash
 GO ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 FUZZTIME ?= 20s
+VERIFY_TIME ?= 10m
 
 .DEFAULT_GOAL := help
 
@@ -52,3 +53,7 @@ bench: ## run the Go benchmarks (acquire+release and renew through a real server
 .PHONY: build
 build: ## build fenced and fencectl into bin/
 	$(GO) build -o bin/ ./cmd/...
+
+.PHONY: verify
+verify: services build ## fencecheck for VERIFY_TIME (10m): 3 fenced nodes, every fault, guard on (VERIFY_FLAGS adds flags)
+	set -a && source scripts/services.env && set +a && rm -rf bin/verify && bin/fencecheck run --time $(VERIFY_TIME) --nodes 3 --faults all --dir bin/verify $(VERIFY_FLAGS)

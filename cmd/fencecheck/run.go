@@ -172,6 +172,8 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 		}
 	} else if err = os.MkdirAll(r.dir, 0o755); err != nil {
 		return nil, err
+	} else if ents, _ := os.ReadDir(r.dir); len(ents) > 0 {
+		return nil, usageError{fmt.Errorf("--dir %s is not empty: a run needs fresh data directories", r.dir)}
 	}
 	if r.self, err = os.Executable(); err != nil {
 		return nil, err

@@ -170,7 +170,7 @@ func (w *worker) epoch(ctx context.Context) {
 			validFrom = rsent
 		}
 		seq++
-		cur, ok := w.request(ctx, history.Read, scope, l.Token, seq, "")
+		cur, ok := w.request(ctx, history.Read, l.FencingToken(), seq, "")
 		if !ok {
 			return // refused as stale, or unknown: this lease is done
 		}
@@ -178,7 +178,7 @@ func (w *worker) epoch(ctx context.Context) {
 		// write that follows stale.
 		sleep(ctx, time.Duration(10+w.rng.IntN(90))*time.Millisecond)
 		seq++
-		if _, ok := w.request(ctx, history.Write, scope, l.Token, seq, cur); !ok {
+		if _, ok := w.request(ctx, history.Write, l.FencingToken(), seq, cur); !ok {
 			return
 		}
 		sleep(ctx, time.Duration(w.rng.IntN(20))*time.Millisecond)
@@ -198,12 +198,13 @@ func (w *worker) epoch(ctx context.Context) {
 	w.end(call, history.OK, history.Event{})
 }
 
-// request sends one fenced read or write (of the value after from) and
-// records it. It reports the value read or written and whether the lease
+// request sends one read or write (of the value after from) with the
+// lease's token (signed, if the service signs) and records it. It reports the value read or written and whether the lease
 // may go on: false after a stale rejection (the lease is lost) or an
 // unknown outcome.
-func (w *worker) request(ctx context.Context, kind, scope string, token, seq uint64, from string) (string, bool) {
-	e := history.Event{F: kind, Scope: scope, Token: token, Seq: seq}
+func (w *worker) request(ctx context.Context, kind string, token fence.Token, seq uint64, from string) (string, bool) {
+	scope := token.Scope
+	e := history.Event{F: kind, Scope: scope, Token: token.Value, Seq: seq}
 	if kind == history.Write {
 		e.From = from
 		e.Value = next(from, history.OpID(w.name, w.op+1))
@@ -211,7 +212,7 @@ func (w *worker) request(ctx context.Context, kind, scope string, token, seq uin
 	call := w.begin(e)
 	body, _ := json.Marshal(opRequest{Kind: kind, Value: e.Value})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, w.resource+"/op/"+scope, bytes.NewReader(body))
-	req.Header.Set(httpguard.TokenHeader, fence.Token{Scope: scope, Value: token}.String())
+	req.Header.Set(httpguard.TokenHeader, token.String())
 	req.Header.Set(httpguard.SequenceHeader, strconv.FormatUint(seq, 10))
 	req.Header.Set(RefHeader, call.ID())
 	resp, err := w.hc.Do(req)

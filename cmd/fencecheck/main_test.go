@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// bin is the directory holding fencecheck and fenced, built once.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fencecheck-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	out, err := exec.Command("go", "build", "-o", dir+"/", ".", "../fenced").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build fencecheck and fenced: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// testPostgres returns the DSN of the shared test PostgreSQL
+// (FENCE_TEST_POSTGRES, default the one of scripts/services.env). When it
+// is unreachable the runs use bbolt alone, except in CI, where a missing
+// PostgreSQL is a failure.
+func testPostgres(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("FENCE_TEST_POSTGRES")
+	if dsn == "" {
+		dsn = "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable"
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err == nil {
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = db.PingContext(ctx)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("PostgreSQL at %s is unreachable: %v", dsn, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Log(msg + "; running on bbolt alone (run `make services`, or set FENCE_TEST_POSTGRES)")
+		return ""
+	}
+	return dsn
+}
+
+// fencecheck runs `fencecheck run` with args and returns its exit status
+// and output.
+func fencecheck(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "fencecheck"), append([]string{"run", "--dir", t.TempDir()}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, out.String()
+	case errors.As(err, &exit):
+		return exit.ExitCode(), out.String()
+	}
+	t.Fatalf("fencecheck run: %v\n%s", err, out.String())
+	return 0, ""
+}
+
+var anomaliesLine = regexp.MustCompile(`(?m)^anomalies: (\d+)$`)
+
+func anomalies(t *testing.T, out string) int {
+	t.Helper()
+	m := anomaliesLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no line 'anomalies: N' in the output:\n%s", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// shortRun is the short form that `make test` runs: 20 seconds, one
+// fenced, every fault, four workers contending for one scope per store.
+var shortRun = []string{"--time", "20s", "--seed", "20261203", "--workers", "4", "--scopes", "1", "--faults", "all"}
+
+// TestFencedRunPasses: with the guard on, the faults find nothing.
+func TestFencedRunPasses(t *testing.T) {
+	t.Parallel()
+	args := append(shortRun, "--postgres", testPostgres(t))
+	code, out := fencecheck(t, args...)
+	t.Logf("fencecheck run %v:\n%s", args, out)
+	if n := anomalies(t, out); code != exitOK || n != 0 {
+		t.Errorf("exit status %d with %d anomalies, want 0 and 0", code, n)
+	}
+}
+
+// TestUnfencedRunFindsAnomalies: the same run with the guard off must find
+// stale writes: a checker that cannot fail proves nothing.
+func TestUnfencedRunFindsAnomalies(t *testing.T) {
+	t.Parallel()
+	args := append(shortRun, "--postgres", testPostgres(t), "--no-fence")
+	code, out := fencecheck(t, args...)
+	t.Logf("fencecheck run %v:\n%s", args, out)
+	if n := anomalies(t, out); code != exitAnomalies || n == 0 {
+		t.Errorf("exit status %d with %d anomalies, want 1 and more than 0", code, n)
+	}
+}

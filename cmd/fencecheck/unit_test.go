@@ -1,0 +1,157 @@
+package main
+
+import (
+	"io"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestPlanIsDerivedFromTheSeed(t *testing.T) {
+	a := plan(42, time.Minute, 4, 3, time.Second, allFaults)
+	b := plan(42, time.Minute, 4, 3, time.Second, allFaults)
+	if diff := cmp.Diff(a, b, cmp.AllowUnexported(schedule{})); diff != "" {
+		t.Errorf("the same seed gave two schedules (-first +second):\n%s", diff)
+	}
+	c := plan(43, time.Minute, 4, 3, time.Second, allFaults)
+	if cmp.Equal(a, c, cmp.AllowUnexported(schedule{})) {
+		t.Error("seeds 42 and 43 gave the same schedule")
+	}
+	counts := a.counts()
+	for _, k := range allFaults {
+		if counts[k] == 0 {
+			t.Errorf("a minute with every fault planned no %s: %v", k, counts)
+		}
+	}
+	var lastCrash time.Duration = -time.Hour
+	for _, f := range a.faults {
+		if f.At < time.Second || f.At > time.Minute-2*time.Second {
+			t.Errorf("%v is outside [1s, end-2s]", f)
+		}
+		if f.Kind == faultCrash {
+			if f.At-lastCrash < 4*time.Second {
+				t.Errorf("crashes at %v and %v are closer than 4s", lastCrash, f.At)
+			}
+			lastCrash = f.At
+		}
+		if f.Kind == faultPause && f.For <= time.Second {
+			t.Errorf("%v: a pause must outlast the TTL", f)
+		}
+	}
+}
+
+func TestPlanHonoursTheFaultList(t *testing.T) {
+	s := plan(1, time.Minute, 4, 1, time.Second, []string{faultPause, faultNodePartition})
+	for _, f := range s.faults {
+		if f.Kind != faultPause {
+			t.Errorf("planned %v; only pauses were asked for (and node partitions need a cluster)", f)
+		}
+	}
+	if !slices.Equal(s.rates, []float64{1, 1, 1, 1}) {
+		t.Errorf("clock rates %v without the drift fault", s.rates)
+	}
+	if s := plan(1, time.Minute, 4, 1, time.Second, nil); len(s.faults) != 0 {
+		t.Errorf("planned %d faults with none asked for", len(s.faults))
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	if k, err := parseFaults("pause, delay"); err != nil || !slices.Equal(k, []string{faultPause, faultDelay}) {
+		t.Errorf("parseFaults: %v, %v", k, err)
+	}
+	if _, err := parseFaults("pause,gc"); err == nil {
+		t.Error("an unknown fault was accepted")
+	}
+	if k, _ := parseFaults("all"); !slices.Equal(k, allFaults) {
+		t.Errorf("all = %v", k)
+	}
+}
+
+func TestNextValue(t *testing.T) {
+	for _, c := range []struct{ from, want string }{{"", "1/w1.3"}, {"1/w2.4", "2/w1.3"}, {"41/w9.100", "42/w1.3"}} {
+		if got := next(c.from, "w1.3"); got != c.want {
+			t.Errorf("next(%q) = %q, want %q", c.from, got, c.want)
+		}
+	}
+}
+
+// echo serves a TCP echo on loopback.
+func echo(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// roundTrip sends one byte through addr and returns how long the echo took
+// (or an error).
+func roundTrip(addr string) (time.Duration, error) {
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte{7}); err != nil {
+		return 0, err
+	}
+	b := make([]byte, 1)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+func TestProxyHoldsCutsAndHeals(t *testing.T) {
+	p, err := newProxy("127.0.0.1", echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	held := make(chan time.Duration, 1)
+	p.onHold = func(d time.Duration) { held <- d }
+	if _, err := roundTrip(p.addr()); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.holdNext(300 * time.Millisecond)
+	called := make(chan struct{})
+	p.atNext(func() { close(called) })
+	if d, err := roundTrip(p.addr()); err != nil || d < 300*time.Millisecond {
+		t.Errorf("held connection: %v after %v, want an echo after at least 300ms", err, d)
+	}
+	if d := <-held; d != 300*time.Millisecond {
+		t.Errorf("onHold got %v", d)
+	}
+	<-called
+	if d, err := roundTrip(p.addr()); err != nil || d > 200*time.Millisecond {
+		t.Errorf("the connection after the held one: %v after %v, want no delay", err, d)
+	}
+	p.setCut(true)
+	if _, err := roundTrip(p.addr()); err == nil {
+		t.Error("a cut proxy passed traffic")
+	}
+	p.setCut(false)
+	if _, err := roundTrip(p.addr()); err != nil {
+		t.Errorf("after healing: %v", err)
+	}
+	p.setRefused("127.0.0.1", true)
+	if _, err := roundTrip(p.addr()); err == nil {
+		t.Error("a refused source passed traffic")
+	}
+}
