@@ -38,6 +38,12 @@ var (
 	// no leader right now. The request may or may not have been applied;
 	// retrying an acquire with the same request ID is safe.
 	ErrUnavailable = errors.New("lease service unavailable")
+
+	// ErrMissedEvents reports that a watch cannot resume where it left
+	// off: the leader no longer retains the events after that position (it
+	// keeps a bounded number of recent events, and a new leader starts
+	// afresh). Read the current state again and watch from now.
+	ErrMissedEvents = errors.New("watch missed events")
 )
 
 // InvalidError describes a request field that was rejected. It unwraps to

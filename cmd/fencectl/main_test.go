@@ -774,7 +774,7 @@ func TestHelp(t *testing.T) {
 			t.Errorf("fencectl --help lacks %q", want)
 		}
 	}
-	for _, cmd := range []string{"acquire", "renew", "release", "get", "list", "exec", "cluster", "cluster status", "cluster add", "cluster remove"} {
+	for _, cmd := range []string{"acquire", "renew", "release", "get", "list", "exec", "watch", "cluster", "cluster status", "cluster add", "cluster remove"} {
 		r := s.want(t, 0, append(strings.Fields(cmd), "--help")...)
 		if !strings.Contains(r.stdout, "Examples:\n  fencectl "+cmd) || !strings.Contains(r.stdout, "--addr") {
 			t.Errorf("fencectl %s --help lacks examples or --addr:\n%s", cmd, r.stdout)

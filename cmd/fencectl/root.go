@@ -41,10 +41,12 @@ Output:
   expires_in_ms. get adds held, last_token and waiters; list prints
   {"prefix": PREFIX, "leases": [LEASE, ...]}; cluster status prints
   {"leader": ID, "node_id": ID, "term": N, "nodes": [NODE, ...]} with
-  a node's id, api_addr, raft_addr, state and voter. A failure prints
+  a node's id, api_addr, raft_addr, state and voter. watch prints one
+  object per event, one per line, as events come. A failure prints
     {"error": MESSAGE, "code": CODE, "exit_status": N}
   with CODE one of usage, invalid, held, lease_lost, not_holder, unavailable,
-  timeout, interrupted, tokens_exhausted, error; a held error adds scope,
+  timeout, interrupted, tokens_exhausted, missed_events, error; a held
+  error adds scope,
   holder, token and expires_in_ms of the lease in the way.
   Errors always also go to stderr as "fencectl: MESSAGE".
   exec never writes to stdout: stdout belongs to its command.
@@ -146,6 +148,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newGetCmd(),
 		a.newListCmd(),
 		a.newExecCmd(),
+		a.newWatchCmd(),
 		a.newClusterCmd(),
 		a.newTokenCmd(),
 	)
@@ -242,6 +245,8 @@ func (a *app) classify(err error) (int, string) {
 		return exitError, "not_holder"
 	case errors.Is(err, fence.ErrTokensExhausted):
 		return exitError, "tokens_exhausted"
+	case errors.Is(err, fence.ErrMissedEvents):
+		return exitError, "missed_events"
 	case errors.Is(err, fence.ErrUnavailable):
 		return exitError, "unavailable"
 	case errors.Is(err, context.DeadlineExceeded):

@@ -61,3 +61,6 @@ func snapshotTime(id string) time.Time {
 	}
 	return time.UnixMilli(ms)
 }
+
+// Term returns this node's current Raft term.
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }

@@ -69,6 +69,7 @@ func fromFSM(e fsm.Event, at time.Time) (leaseEvent, bool) {
 // leader: it is counted and, with a position, offered to watchers.
 func (s *Server) publish(e leaseEvent) {
 	s.metrics.event(e)
+	s.events.append(s.node.Term(), e)
 }
 
 // renewed publishes a confirmed renewal.
@@ -82,5 +83,9 @@ func (s *Server) renewRefused(r fsm.Result) {
 	if r.Outcome != fsm.Lost {
 		return
 	}
-	s.publish(leaseEvent{Kind: kindLost, Scope: r.Scope, Token: r.Lease.Token, Holder: r.Lease.Holder, LeaseID: r.Lease.ID, At: time.Now(), Current: r.Current})
+	holder := r.Lease.Holder
+	if holder == "" {
+		holder = s.events.holder(r.Scope, r.Lease.Token)
+	}
+	s.publish(leaseEvent{Kind: kindLost, Scope: r.Scope, Token: r.Lease.Token, Holder: holder, LeaseID: r.Lease.ID, At: time.Now(), Current: r.Current})
 }

@@ -35,6 +35,7 @@ type Server struct {
 	waiters   waiters
 	ready     atomic.Bool // leader with a complete state: serving
 	metrics   *metrics    // metrics.go
+	events    *eventRing  // ring.go: recent lease events, for watchers
 
 	http   *http.Server
 	ln     net.Listener
@@ -64,6 +65,7 @@ func Start(cfg Config) (*Server, error) {
 		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1), leaderGen: make(chan struct{})}
 	s.proxy = s.newProxy()
 	s.metrics = newMetrics(s)
+	s.events = newEventRing(ringSize)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
@@ -140,6 +142,7 @@ func (s *Server) Ready() bool { return s.ready.Load() }
 // flight, and closes Raft and the stores.
 func (s *Server) Close(ctx context.Context) error {
 	s.ready.Store(false)
+	s.events.close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
 	if err != nil {
 		s.http.Close()

@@ -33,6 +33,7 @@ var codes = []struct {
 	{fence.ErrTokensExhausted, connect.CodeResourceExhausted},
 	{fence.ErrUnavailable, connect.CodeUnavailable},
 	{fence.ErrMissedEvents, connect.CodeOutOfRange},
+	{fence.ErrMissedEvents, connect.CodeOutOfRange},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }

@@ -99,6 +99,12 @@ func errorCases() []errorCase {
 			sentinel: fence.ErrUnavailable,
 		},
 		{
+			name:     "missed events",
+			err:      fmt.Errorf("%w: position 7 is no longer retained", fence.ErrMissedEvents),
+			code:     connect.CodeOutOfRange,
+			sentinel: fence.ErrMissedEvents,
+		},
+		{
 			name:     "deadline exceeded",
 			err:      fmt.Errorf("wait for %q: %w", "orders", context.DeadlineExceeded),
 			code:     connect.CodeDeadlineExceeded,
@@ -117,7 +123,7 @@ func errorCases() []errorCase {
 // match exactly one of them.
 var allSentinels = []error{
 	fence.ErrInvalid, fence.ErrHeld, fence.ErrLeaseLost, fence.ErrNotHolder, fence.ErrStale,
-	fence.ErrTokensExhausted, fence.ErrUnavailable, context.DeadlineExceeded, context.Canceled,
+	fence.ErrTokensExhausted, fence.ErrUnavailable, fence.ErrMissedEvents, context.DeadlineExceeded, context.Canceled,
 }
 
 // checkRoundTrip checks what FromConnect made of a case's error.

@@ -28,6 +28,79 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// EventKind is what happened to a lease.
+type EventKind int32
+
+const (
+	EventKind_EVENT_KIND_UNSPECIFIED EventKind = 0
+	// A new lease began, with a new token.
+	EventKind_EVENT_KIND_GRANTED EventKind = 1
+	// Its holder renewed it; the token is unchanged.
+	EventKind_EVENT_KIND_RENEWED EventKind = 2
+	// Its holder released it.
+	EventKind_EVENT_KIND_RELEASED EventKind = 3
+	// The leader expired it: its holder stopped renewing.
+	EventKind_EVENT_KIND_EXPIRED EventKind = 4
+	// A renewal was answered lost: the lease had expired, was being expired
+	// or was superseded.
+	EventKind_EVENT_KIND_LOST EventKind = 5
+	// A guard refused a write with this stale token (reported by the guard).
+	EventKind_EVENT_KIND_REJECTED EventKind = 6
+	// The lease was held when the watch started (include_held).
+	EventKind_EVENT_KIND_HELD EventKind = 7
+)
+
+// Enum value maps for EventKind.
+var (
+	EventKind_name = map[int32]string{
+		0: "EVENT_KIND_UNSPECIFIED",
+		1: "EVENT_KIND_GRANTED",
+		2: "EVENT_KIND_RENEWED",
+		3: "EVENT_KIND_RELEASED",
+		4: "EVENT_KIND_EXPIRED",
+		5: "EVENT_KIND_LOST",
+		6: "EVENT_KIND_REJECTED",
+		7: "EVENT_KIND_HELD",
+	}
+	EventKind_value = map[string]int32{
+		"EVENT_KIND_UNSPECIFIED": 0,
+		"EVENT_KIND_GRANTED":     1,
+		"EVENT_KIND_RENEWED":     2,
+		"EVENT_KIND_RELEASED":    3,
+		"EVENT_KIND_EXPIRED":     4,
+		"EVENT_KIND_LOST":        5,
+		"EVENT_KIND_REJECTED":    6,
+		"EVENT_KIND_HELD":        7,
+	}
+)
+
+func (x EventKind) Enum() *EventKind {
+	p := new(EventKind)
+	*p = x
+	return p
+}
+
+func (x EventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[0].Descriptor()
+}
+
+func (EventKind) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[0]
+}
+
+func (x EventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventKind.Descriptor instead.
+func (EventKind) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
+}
+
 // Lease is one grant.
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -693,6 +766,243 @@ func (x *ListResponse) GetNextPageToken() string {
 	return ""
 }
 
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only scopes starting with prefix; empty watches all.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Where to resume: the next_position of the last response read. 0 means
+	// from now on.
+	StartPosition uint64 `protobuf:"varint,2,opt,name=start_position,json=startPosition,proto3" json:"start_position,omitempty"`
+	// Also send, in the first response, one EVENT_KIND_HELD event for each
+	// lease held under the prefix when the stream starts.
+	IncludeHeld   bool `protobuf:"varint,3,opt,name=include_held,json=includeHeld,proto3" json:"include_held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStartPosition() uint64 {
+	if x != nil {
+		return x.StartPosition
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetIncludeHeld() bool {
+	if x != nil {
+		return x.IncludeHeld
+	}
+	return false
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Events in the order the leader recorded them.
+	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// The start_position that resumes the watch right after this response.
+	NextPosition  uint64 `protobuf:"varint,2,opt,name=next_position,json=nextPosition,proto3" json:"next_position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetNextPosition() uint64 {
+	if x != nil {
+		return x.NextPosition
+	}
+	return 0
+}
+
+// WatchEvent is one lease event.
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Increases with every event the leader records; 0 for EVENT_KIND_HELD.
+	Position uint64    `protobuf:"varint,1,opt,name=position,proto3" json:"position,omitempty"`
+	Kind     EventKind `protobuf:"varint,2,opt,name=kind,proto3,enum=fence.v1.EventKind" json:"kind,omitempty"`
+	Scope    string    `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	// The lease's fencing token; for REJECTED, the token the guard refused.
+	Token  uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
+	Holder string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The first 8 hexadecimal digits of the lease ID: enough to tell leases
+	// apart and find them in fenced's logs, not enough to renew or release
+	// them, which only their holder can.
+	LeaseIdPrefix string               `protobuf:"bytes,6,opt,name=lease_id_prefix,json=leaseIdPrefix,proto3" json:"lease_id_prefix,omitempty"`
+	Ttl           *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// When the leader recorded the event; for REJECTED, when the guard
+	// refused the write.
+	Time *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=time,proto3" json:"time,omitempty"`
+	// For LOST: the scope's current token, 0 if free. For REJECTED: the
+	// highest token the guard had accepted.
+	CurrentToken  uint64 `protobuf:"varint,9,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WatchEvent) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetKind() EventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetLeaseIdPrefix() string {
+	if x != nil {
+		return x.LeaseIdPrefix
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetCurrentToken() uint64 {
+	if x != nil {
+		return x.CurrentToken
+	}
+	return 0
+}
+
 // LeaseConflict is the detail of ABORTED (the scope is held) and
 // FAILED_PRECONDITION (the lease is no longer current) errors.
 type LeaseConflict struct {
@@ -712,7 +1022,7 @@ type LeaseConflict struct {
 
 func (x *LeaseConflict) Reset() {
 	*x = LeaseConflict{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +1034,7 @@ func (x *LeaseConflict) String() string {
 func (*LeaseConflict) ProtoMessage() {}
 
 func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +1047,7 @@ func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConflict.ProtoReflect.Descriptor instead.
 func (*LeaseConflict) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseConflict) GetScope() string {
@@ -793,7 +1103,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1115,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1128,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -888,7 +1198,25 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"_\n" +
 	"\fListResponse\x12'\n" +
 	"\x06leases\x18\x01 \x03(\v2\x0f.fence.v1.LeaseR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc4\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"p\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12%\n" +
+	"\x0estart_position\x18\x02 \x01(\x04R\rstartPosition\x12!\n" +
+	"\finclude_held\x18\x03 \x01(\bR\vincludeHeld\"b\n" +
+	"\rWatchResponse\x12,\n" +
+	"\x06events\x18\x01 \x03(\v2\x14.fence.v1.WatchEventR\x06events\x12#\n" +
+	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\"\xbf\x02\n" +
+	"\n" +
+	"WatchEvent\x12\x1a\n" +
+	"\bposition\x18\x01 \x01(\x04R\bposition\x12'\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x13.fence.v1.EventKindR\x04kind\x12\x14\n" +
+	"\x05scope\x18\x03 \x01(\tR\x05scope\x12\x14\n" +
+	"\x05token\x18\x04 \x01(\x04R\x05token\x12\x16\n" +
+	"\x06holder\x18\x05 \x01(\tR\x06holder\x12&\n" +
+	"\x0flease_id_prefix\x18\x06 \x01(\tR\rleaseIdPrefix\x12+\n" +
+	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12.\n" +
+	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12#\n" +
+	"\rcurrent_token\x18\t \x01(\x04R\fcurrentToken\"\xc4\x01\n" +
 	"\rLeaseConflict\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
@@ -900,13 +1228,23 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\"H\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription2\xbd\x02\n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription*\xcb\x01\n" +
+	"\tEventKind\x12\x1a\n" +
+	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EVENT_KIND_GRANTED\x10\x01\x12\x16\n" +
+	"\x12EVENT_KIND_RENEWED\x10\x02\x12\x17\n" +
+	"\x13EVENT_KIND_RELEASED\x10\x03\x12\x16\n" +
+	"\x12EVENT_KIND_EXPIRED\x10\x04\x12\x13\n" +
+	"\x0fEVENT_KIND_LOST\x10\x05\x12\x17\n" +
+	"\x13EVENT_KIND_REJECTED\x10\x06\x12\x13\n" +
+	"\x0fEVENT_KIND_HELD\x10\a2\xfe\x02\n" +
 	"\fLeaseService\x12>\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\x128\n" +
 	"\x05Renew\x12\x16.fence.v1.RenewRequest\x1a\x17.fence.v1.RenewResponse\x12>\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\x127\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x03\x90\x02\x01\x12:\n" +
-	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x03\x90\x02\x01B1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
+	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x03\x90\x02\x01\x12?\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x03\x90\x02\x010\x01B1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -920,49 +1258,60 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fence_v1_fence_proto_goTypes = []any{
-	(*Lease)(nil),                 // 0: fence.v1.Lease
-	(*AcquireRequest)(nil),        // 1: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 2: fence.v1.AcquireResponse
-	(*RenewRequest)(nil),          // 3: fence.v1.RenewRequest
-	(*RenewResponse)(nil),         // 4: fence.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 5: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 6: fence.v1.ReleaseResponse
-	(*GetRequest)(nil),            // 7: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 8: fence.v1.GetResponse
-	(*ListRequest)(nil),           // 9: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 10: fence.v1.ListResponse
-	(*LeaseConflict)(nil),         // 11: fence.v1.LeaseConflict
-	(*FieldViolation)(nil),        // 12: fence.v1.FieldViolation
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(EventKind)(0),                // 0: fence.v1.EventKind
+	(*Lease)(nil),                 // 1: fence.v1.Lease
+	(*AcquireRequest)(nil),        // 2: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 3: fence.v1.AcquireResponse
+	(*RenewRequest)(nil),          // 4: fence.v1.RenewRequest
+	(*RenewResponse)(nil),         // 5: fence.v1.RenewResponse
+	(*ReleaseRequest)(nil),        // 6: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 7: fence.v1.ReleaseResponse
+	(*GetRequest)(nil),            // 8: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 9: fence.v1.GetResponse
+	(*ListRequest)(nil),           // 10: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 11: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 12: fence.v1.WatchRequest
+	(*WatchResponse)(nil),         // 13: fence.v1.WatchResponse
+	(*WatchEvent)(nil),            // 14: fence.v1.WatchEvent
+	(*LeaseConflict)(nil),         // 15: fence.v1.LeaseConflict
+	(*FieldViolation)(nil),        // 16: fence.v1.FieldViolation
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	13, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	13, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
-	14, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	13, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	0,  // 4: fence.v1.AcquireResponse.lease:type_name -> fence.v1.Lease
-	0,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
-	0,  // 6: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
-	0,  // 7: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
-	13, // 8: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
-	1,  // 9: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
-	3,  // 10: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
-	5,  // 11: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
-	7,  // 12: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
-	9,  // 13: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
-	2,  // 14: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
-	4,  // 15: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
-	6,  // 16: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
-	8,  // 17: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
-	10, // 18: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
-	14, // [14:19] is the sub-list for method output_type
-	9,  // [9:14] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	17, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	17, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
+	18, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	17, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	1,  // 4: fence.v1.AcquireResponse.lease:type_name -> fence.v1.Lease
+	1,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
+	1,  // 6: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
+	1,  // 7: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
+	14, // 8: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
+	0,  // 9: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
+	17, // 10: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
+	18, // 11: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
+	17, // 12: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
+	2,  // 13: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
+	4,  // 14: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
+	6,  // 15: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
+	8,  // 16: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
+	10, // 17: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
+	12, // 18: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
+	3,  // 19: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
+	5,  // 20: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
+	7,  // 21: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
+	9,  // 22: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
+	11, // 23: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
+	13, // 24: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -975,13 +1324,14 @@ func file_fence_v1_fence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   13,
+			NumEnums:      1,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_fence_v1_fence_proto_goTypes,
 		DependencyIndexes: file_fence_v1_fence_proto_depIdxs,
+		EnumInfos:         file_fence_v1_fence_proto_enumTypes,
 		MessageInfos:      file_fence_v1_fence_proto_msgTypes,
 	}.Build()
 	File_fence_v1_fence_proto = out.File

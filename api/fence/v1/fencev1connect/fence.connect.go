@@ -47,6 +47,8 @@ const (
 	LeaseServiceGetProcedure = "/fence.v1.LeaseService/Get"
 	// LeaseServiceListProcedure is the fully-qualified name of the LeaseService's List RPC.
 	LeaseServiceListProcedure = "/fence.v1.LeaseService/List"
+	// LeaseServiceWatchProcedure is the fully-qualified name of the LeaseService's Watch RPC.
+	LeaseServiceWatchProcedure = "/fence.v1.LeaseService/Watch"
 )
 
 // LeaseServiceClient is a client for the fence.v1.LeaseService service.
@@ -65,6 +67,18 @@ type LeaseServiceClient interface {
 	Get(context.Context, *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error)
 	// List reports the held scopes under a prefix, in scope order.
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
+	// Watch streams the lease events of the scopes under a prefix as the
+	// leader sees them happen. The first response comes at once, with the
+	// position the stream starts from (and, with include_held, the leases
+	// held at that moment); every later response carries events. A watcher
+	// that reconnects passes the next_position of the last response it read
+	// as start_position and misses nothing the leader still retains. When
+	// those events are gone (the leader keeps a bounded number of recent
+	// events, and a new leader starts afresh) it answers OUT_OF_RANGE: the
+	// watcher must read the current state again (List, or include_held) and
+	// watch from now. Followers forward the stream to the leader; it ends
+	// with UNAVAILABLE when the leader steps down.
+	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error)
 }
 
 // NewLeaseServiceClient constructs a client for the fence.v1.LeaseService service. By default, it
@@ -110,6 +124,13 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		watch: connect.NewClient[v1.WatchRequest, v1.WatchResponse](
+			httpClient,
+			baseURL+LeaseServiceWatchProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("Watch")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -120,6 +141,7 @@ type leaseServiceClient struct {
 	release *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	get     *connect.Client[v1.GetRequest, v1.GetResponse]
 	list    *connect.Client[v1.ListRequest, v1.ListResponse]
+	watch   *connect.Client[v1.WatchRequest, v1.WatchResponse]
 }
 
 // Acquire calls fence.v1.LeaseService.Acquire.
@@ -147,6 +169,11 @@ func (c *leaseServiceClient) List(ctx context.Context, req *connect.Request[v1.L
 	return c.list.CallUnary(ctx, req)
 }
 
+// Watch calls fence.v1.LeaseService.Watch.
+func (c *leaseServiceClient) Watch(ctx context.Context, req *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
+}
+
 // LeaseServiceHandler is an implementation of the fence.v1.LeaseService service.
 type LeaseServiceHandler interface {
 	// Acquire grants a lease on a free scope with the next token. A held scope
@@ -163,6 +190,18 @@ type LeaseServiceHandler interface {
 	Get(context.Context, *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error)
 	// List reports the held scopes under a prefix, in scope order.
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
+	// Watch streams the lease events of the scopes under a prefix as the
+	// leader sees them happen. The first response comes at once, with the
+	// position the stream starts from (and, with include_held, the leases
+	// held at that moment); every later response carries events. A watcher
+	// that reconnects passes the next_position of the last response it read
+	// as start_position and misses nothing the leader still retains. When
+	// those events are gone (the leader keeps a bounded number of recent
+	// events, and a new leader starts afresh) it answers OUT_OF_RANGE: the
+	// watcher must read the current state again (List, or include_held) and
+	// watch from now. Followers forward the stream to the leader; it ends
+	// with UNAVAILABLE when the leader steps down.
+	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error
 }
 
 // NewLeaseServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -204,6 +243,13 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceWatchHandler := connect.NewServerStreamHandler(
+		LeaseServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(leaseServiceMethods.ByName("Watch")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.LeaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LeaseServiceAcquireProcedure:
@@ -216,6 +262,8 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceGetHandler.ServeHTTP(w, r)
 		case LeaseServiceListProcedure:
 			leaseServiceListHandler.ServeHTTP(w, r)
+		case LeaseServiceWatchProcedure:
+			leaseServiceWatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -243,4 +291,8 @@ func (UnimplementedLeaseServiceHandler) Get(context.Context, *connect.Request[v1
 
 func (UnimplementedLeaseServiceHandler) List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.List is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.Watch is not implemented"))
 }

@@ -1,0 +1,187 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"math/rand/v2"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+)
+
+// EventKind says what happened to a lease.
+type EventKind string
+
+// The kinds of Event.
+const (
+	EventGranted  EventKind = "granted"  // a new lease began, with a new token
+	EventRenewed  EventKind = "renewed"  // its holder renewed it; same token
+	EventReleased EventKind = "released" // its holder released it
+	EventExpired  EventKind = "expired"  // the service expired it
+	EventLost     EventKind = "lost"     // a renewal was answered lost
+	EventRejected EventKind = "rejected" // a guard refused a write with this stale token
+	EventHeld     EventKind = "held"     // held when the watch began (WithHeld)
+)
+
+var eventKinds = map[fencev1.EventKind]EventKind{
+	fencev1.EventKind_EVENT_KIND_GRANTED:  EventGranted,
+	fencev1.EventKind_EVENT_KIND_RENEWED:  EventRenewed,
+	fencev1.EventKind_EVENT_KIND_RELEASED: EventReleased,
+	fencev1.EventKind_EVENT_KIND_EXPIRED:  EventExpired,
+	fencev1.EventKind_EVENT_KIND_LOST:     EventLost,
+	fencev1.EventKind_EVENT_KIND_REJECTED: EventRejected,
+	fencev1.EventKind_EVENT_KIND_HELD:     EventHeld,
+}
+
+// Event is one lease event from Watch.
+type Event struct {
+	// Position orders the events; resume a watch after this event with
+	// Position+1. It is 0 for EventHeld.
+	Position uint64
+	Kind     EventKind
+	Scope    string
+	// Token is the lease's fencing token; for EventRejected, the token the
+	// guard refused.
+	Token  uint64
+	Holder string
+	// LeaseIDPrefix is the first 8 hexadecimal digits of the lease ID:
+	// enough to tell leases apart, not enough to renew or release them.
+	LeaseIDPrefix string
+	TTL           time.Duration
+	// Time is when the service recorded the event; for EventRejected,
+	// when the guard refused the write; for EventHeld, when it was granted.
+	Time time.Time
+	// Current is, for EventLost, the scope's current token (0 if free) and,
+	// for EventRejected, the highest token the guard had accepted.
+	Current uint64
+}
+
+func eventFrom(e *fencev1.WatchEvent) Event {
+	ev := Event{
+		Position:      e.Position,
+		Kind:          eventKinds[e.Kind],
+		Scope:         e.Scope,
+		Token:         e.Token,
+		Holder:        e.Holder,
+		LeaseIDPrefix: e.LeaseIdPrefix,
+		TTL:           e.Ttl.AsDuration(),
+		Current:       e.CurrentToken,
+	}
+	if ev.Kind == "" {
+		ev.Kind = EventKind(fmt.Sprintf("unknown(%d)", e.Kind))
+	}
+	if e.Time != nil {
+		ev.Time = e.Time.AsTime()
+	}
+	return ev
+}
+
+// WatchOption configures a watch.
+type WatchOption interface{ applyWatch(*watchConfig) }
+
+type watchConfig struct{ held bool }
+
+type watchFunc func(*watchConfig)
+
+func (f watchFunc) applyWatch(c *watchConfig) { f(c) }
+
+// WithHeld makes a watch begin with an EventHeld for every lease held under
+// its prefix when it starts, so the caller needs no separate List. A grant
+// that happens as the watch starts may be reported twice: held, then
+// granted, with the same token.
+func WithHeld() WatchOption { return watchFunc(func(c *watchConfig) { c.held = true }) }
+
+// Watch streams the lease events of the scopes starting with prefix (""
+// for all), in the order the service's leader recorded them: grants,
+// renewals, releases, expiries, renewals answered lost, and stale
+// rejections that guards reported. from is where to begin: 0 for events
+// from now on, or the Position of the last event handled plus one to
+// resume an earlier watch.
+//
+// The sequence ends when the caller stops ranging over it, or with one
+// final error: ctx's when ctx ends. Across a broken connection or a change of
+// leader, Watch reconnects (to the next address, with backoff, within the
+// client's retry timeout) and resumes where it was, so no event is skipped
+// or repeated. If the service no longer retains the events to resume from
+// (it keeps the most recent ten thousand, and a new leader starts afresh),
+// the error matches fence.ErrMissedEvents: read the current state again
+// (List, or WithHeld) and watch from now.
+func (c *Client) Watch(ctx context.Context, prefix string, from uint64, opts ...WatchOption) iter.Seq2[Event, error] {
+	var cfg watchConfig
+	for _, o := range opts {
+		o.applyWatch(&cfg)
+	}
+	return func(yield func(Event, error) bool) {
+		err := c.watch(ctx, prefix, from, cfg.held, func(_ bool, resp *fencev1.WatchResponse) bool {
+			for _, e := range resp.Events {
+				if !yield(eventFrom(e), nil) {
+					return false
+				}
+			}
+			return true
+		})
+		if err != nil {
+			yield(Event{}, err)
+		}
+	}
+}
+
+// watch runs a watch, reconnecting after transient failures and resuming
+// at the last position received, and calls f with each response until f
+// returns false (then watch returns nil) or a failure is final. first is
+// true for the first response of a connection that asked for held leases.
+func (c *Client) watch(ctx context.Context, prefix string, from uint64, held bool, f func(first bool, resp *fencev1.WatchResponse) bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pos := from
+	backoff := 20 * time.Millisecond
+	give := time.Now().Add(c.cfg.retryTimeout)
+	for {
+		i := c.cur.Load()
+		stream, err := c.nodes[i].lease.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartPosition: pos, IncludeHeld: held}))
+		if err == nil {
+			first := held
+			for stream.Receive() {
+				// A connection that answers starts the retry budget afresh.
+				backoff, give = 20*time.Millisecond, time.Now().Add(c.cfg.retryTimeout)
+				resp := stream.Msg()
+				if !f(first, resp) {
+					stream.Close()
+					return nil
+				}
+				first, held = false, false
+				pos = resp.NextPosition
+			}
+			err = stream.Err()
+			stream.Close()
+		}
+		if err == nil {
+			// The service ended the stream without an error, which it
+			// does not do: treat it as a broken connection.
+			err = fmt.Errorf("%w: the watch stream ended", fence.ErrUnavailable)
+		} else {
+			err = transient(ctx, err)
+		}
+		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
+			return fmt.Errorf("watch %q: %w", prefix, err)
+		}
+		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
+		sleep := rand.N(backoff) + time.Millisecond
+		if time.Now().Add(sleep).After(give) {
+			return fmt.Errorf("watch %q: %w", prefix, err)
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("watch %q: %w", prefix, ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}

@@ -1,0 +1,194 @@
+package client_test
+
+import (
+	"errors"
+	"iter"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+)
+
+// pull returns a function that reads the next event of a watch, failing
+// the test if the watch ends instead.
+func pull(t *testing.T, seq iter.Seq2[client.Event, error]) func() client.Event {
+	t.Helper()
+	next, stop := iter.Pull2(seq)
+	t.Cleanup(stop)
+	return func() client.Event {
+		t.Helper()
+		e, err, ok := next()
+		if !ok || err != nil {
+			t.Fatalf("watch ended: %v", err)
+		}
+		return e
+	}
+}
+
+// awaitFree polls until scope's lease has expired.
+func awaitFree(t *testing.T, c *client.Client, scope string) {
+	t.Helper()
+	for deadline := time.Now().Add(wait); get(t, c, scope).Lease != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q did not expire within %v", scope, wait)
+		}
+	}
+}
+
+// TestWatch: a watch shows the leases held when it starts, then each
+// event under its prefix in order, and resumes from a position.
+func TestWatch(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	a, err := c.Grant(ctx, "orders/a", client.WithHolder("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := pull(t, c.Watch(ctx, "orders/", 0, client.WithHeld()))
+	if e := next(); e.Kind != client.EventHeld || e.Scope != "orders/a" || e.Token != 1 || e.Holder != "alice" || e.Position != 0 {
+		t.Fatalf("first event = %+v, want orders/a held by alice with token 1", e)
+	}
+
+	if _, err := c.Renew(ctx, "orders/a", a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Release(ctx, "orders/a", a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Grant(ctx, "jobs", client.WithHolder("alice")); err != nil { // not under the prefix
+		t.Fatal(err)
+	}
+	b, err := c.Grant(ctx, "orders/b", client.WithHolder("bob"), client.WithTTL(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitFree(t, c, "orders/b")
+	if _, err := c.Renew(ctx, "orders/b", b.ID); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Fatalf("renew after expiry: %v, want lost", err)
+	}
+	want := []struct {
+		kind   client.EventKind
+		scope  string
+		holder string
+		id     fence.LeaseID
+	}{
+		{client.EventRenewed, "orders/a", "alice", a.ID},
+		{client.EventReleased, "orders/a", "alice", a.ID},
+		{client.EventGranted, "orders/b", "bob", b.ID},
+		{client.EventExpired, "orders/b", "bob", b.ID},
+		{client.EventLost, "orders/b", "bob", b.ID},
+	}
+	var last uint64
+	for i, w := range want {
+		e := next()
+		if e.Kind != w.kind || e.Scope != w.scope || e.Token != 1 || e.Holder != w.holder || e.LeaseIDPrefix != w.id.String()[:8] {
+			t.Fatalf("event %d = %+v, want %s of %s token 1 by %s, lease %s…", i, e, w.kind, w.scope, w.holder, w.id.String()[:8])
+		}
+		if e.Position <= last || e.Time.IsZero() {
+			t.Fatalf("event %d = %+v: position not after %d, or no time", i, e, last)
+		}
+		last = e.Position
+	}
+
+	// Resuming after the last event read gives what happened since.
+	if _, err := c.Grant(ctx, "orders/c", client.WithHolder("carol")); err != nil {
+		t.Fatal(err)
+	}
+	resumed := pull(t, c.Watch(ctx, "orders/", last+1))
+	if e := resumed(); e.Kind != client.EventGranted || e.Scope != "orders/c" || e.Position != last+1 {
+		t.Fatalf("resumed watch's first event = %+v, want orders/c granted at %d", e, last+1)
+	}
+}
+
+// TestWatchMissed: resuming from a position the service does not retain
+// fails with ErrMissedEvents and says why.
+func TestWatchMissed(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	if _, err := c.Grant(ctx, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range c.Watch(ctx, "", 1) { // term 0 never has events
+		if !errors.Is(err, fence.ErrMissedEvents) {
+			t.Fatalf("watch from position 1 = %v, want ErrMissedEvents", err)
+		}
+		t.Log(err)
+		return
+	}
+	t.Fatal("watch ended without an error")
+}
+
+// TestWatchInvalidPrefix: a bad prefix is refused, not retried.
+func TestWatchInvalidPrefix(t *testing.T) {
+	_, c := start(t)
+	for _, err := range c.Watch(testContext(t), "bad prefix", 0) {
+		if !errors.Is(err, fence.ErrInvalid) {
+			t.Fatalf("watch = %v, want ErrInvalid", err)
+		}
+		return
+	}
+}
+
+// TestElection: candidates lead one at a time, in line; Observe follows
+// every change of leader, and the vacancies between.
+func TestElection(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	e1 := client.NewElection(c, "leader")
+	e2 := client.NewElection(c, "leader")
+	observe, stop := iter.Pull2(client.NewElection(c, "leader").Observe(ctx))
+	defer stop()
+	observed := func(want client.Leader) {
+		t.Helper()
+		l, err, ok := observe()
+		if !ok || err != nil || l != want {
+			t.Fatalf("observed %+v, %v, %v; want %+v", l, err, ok, want)
+		}
+	}
+
+	l1, err := e1.Campaign(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l1.Token().Value != 1 || l1.Holder() != "one" {
+		t.Fatalf("first leader's lease = %v held by %q", l1.Token(), l1.Holder())
+	}
+	observed(client.Leader{Holder: "one", Token: 1})
+
+	won := make(chan *client.Lease, 1)
+	go func() {
+		l, err := e2.Campaign(ctx, "two")
+		if err != nil {
+			t.Error(err)
+		}
+		won <- l
+	}()
+	for deadline := time.Now().Add(wait); get(t, c, "leader").Waiters != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second candidate did not queue within %v", wait)
+		}
+	}
+	if err := e1.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-won
+	if l2 == nil || l2.Token().Value != 2 {
+		t.Fatalf("second leader's lease = %v", l2)
+	}
+	observed(client.Leader{}) // one resigned …
+	observed(client.Leader{Holder: "two", Token: 2})
+	if got, err := e1.Leader(ctx); err != nil || got != (client.Leader{Holder: "two", Token: 2}) {
+		t.Fatalf("Leader = %+v, %v; want two with token 2", got, err)
+	}
+	if err := e1.Resign(ctx); err != nil {
+		t.Fatalf("resigning again: %v", err)
+	}
+	if err := e2.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	observed(client.Leader{})
+	if got, err := e2.Leader(ctx); err != nil || got != (client.Leader{}) {
+		t.Fatalf("Leader after resigning = %+v, %v; want none", got, err)
+	}
+}

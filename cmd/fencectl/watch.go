@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+)
+
+// eventJSON is one line of watch's -o json output.
+type eventJSON struct {
+	Position      uint64 `json:"position"`
+	Kind          string `json:"kind"`
+	Scope         string `json:"scope"`
+	Token         uint64 `json:"token"`
+	TokenText     string `json:"token_text"`
+	Holder        string `json:"holder,omitempty"`
+	LeaseIDPrefix string `json:"lease_id_prefix,omitempty"`
+	TTLMs         int64  `json:"ttl_ms,omitempty"`
+	Time          string `json:"time,omitempty"`
+	CurrentToken  uint64 `json:"current_token,omitempty"`
+}
+
+func eventOut(e client.Event) eventJSON {
+	out := eventJSON{
+		Position:      e.Position,
+		Kind:          string(e.Kind),
+		Scope:         e.Scope,
+		Token:         e.Token,
+		TokenText:     fence.Token{Scope: e.Scope, Value: e.Token}.String(),
+		Holder:        e.Holder,
+		LeaseIDPrefix: e.LeaseIDPrefix,
+		TTLMs:         e.TTL.Milliseconds(),
+		CurrentToken:  e.Current,
+	}
+	if !e.Time.IsZero() {
+		out.Time = e.Time.UTC().Format(time.RFC3339Nano)
+	}
+	return out
+}
+
+// eventText is one line of watch's text output.
+func eventText(e client.Event) string {
+	var b strings.Builder
+	ts := "-"
+	if !e.Time.IsZero() {
+		ts = e.Time.Local().Format("15:04:05.000")
+	}
+	fmt.Fprintf(&b, "%s  %-8s  %s  token %d", ts, e.Kind, e.Scope, e.Token)
+	if e.Holder != "" {
+		fmt.Fprintf(&b, "  holder %q", e.Holder)
+	}
+	if e.LeaseIDPrefix != "" {
+		fmt.Fprintf(&b, "  lease %s…", e.LeaseIDPrefix)
+	}
+	switch e.Kind {
+	case client.EventGranted, client.EventRenewed, client.EventHeld:
+		fmt.Fprintf(&b, "  ttl %s", dur(e.TTL))
+	case client.EventLost:
+		fmt.Fprintf(&b, "  current token %d", e.Current)
+	case client.EventRejected:
+		fmt.Fprintf(&b, "  highest accepted %d", e.Current)
+	}
+	if e.Position != 0 {
+		fmt.Fprintf(&b, "  position %d", e.Position)
+	}
+	return b.String()
+}
+
+func (a *app) newWatchCmd() *cobra.Command {
+	var (
+		from  uint64
+		held  bool
+		count int
+	)
+	cmd := &cobra.Command{
+		Use:   "watch [PREFIX]",
+		Short: "Print lease events live: grants, renewals, releases, expiries, losses, stale rejections",
+		Long: `Watch prints the lease events of every scope starting with PREFIX (all
+scopes without one) as the service's leader records them, one line each,
+until interrupted:
+
+  granted   a new lease began, with a new token
+  renewed   its holder renewed it; the token is unchanged
+  released  its holder released it
+  expired   the service expired it: its holder stopped renewing
+  lost      a renewal was answered lost (current token shown)
+  rejected  a guard refused a write with this stale token (highest accepted
+            shown), as reported by the guard
+  held      with --held: held when the watch began
+
+Each event has a position. To resume after an interruption without missing
+anything, pass the last position printed plus one as --from. The service
+keeps the most recent ten thousand events, and a new leader starts afresh:
+when the position is gone, watch fails (code missed_events) and the current
+state must be read again (fencectl list, or watch --held).
+
+With -o json it prints one JSON object per event, one per line:
+{"position", "kind", "scope", "token", "token_text", "holder",
+"lease_id_prefix", "ttl_ms", "time", "current_token"}. The lease ID is shown
+by its first 8 hexadecimal digits only: enough to tell leases apart, not
+enough to renew or release them.`,
+		Example: `  fencectl watch
+  fencectl watch orders/ --held
+  fencectl watch -o json | jq -c 'select(.kind == "expired")'
+  fencectl watch orders/ --from 1099511627790`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usageErrorf("unexpected argument %q: watch takes at most one PREFIX", args[1])
+			}
+			return nil
+		},
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			if err := fence.ValidatePrefix(prefix); err != nil {
+				return usage(err)
+			}
+			if count < 0 {
+				return usageErrorf("--count %d: want 0 (no limit) or more", count)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var opts []client.WatchOption
+			if held {
+				opts = append(opts, client.WithHeld())
+			}
+			ctx := cmd.Context()
+			n := 0
+			for e, err := range c.Watch(ctx, prefix, from, opts...) {
+				if err != nil {
+					if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+						return nil // interrupted: the normal way to stop watching
+					}
+					return err
+				}
+				if err := a.emit(eventOut(e), func(w io.Writer) { fmt.Fprintln(w, eventText(e)) }); err != nil {
+					return err
+				}
+				if n++; count > 0 && n == count {
+					return nil
+				}
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.Uint64Var(&from, "from", 0, "resume at this position (the last one printed plus one); 0: from now")
+	f.BoolVar(&held, "held", false, "begin with a \"held\" line for every lease held under PREFIX now")
+	f.IntVar(&count, "count", 0, "exit after this many events (0: watch until interrupted)")
+	return cmd
+}

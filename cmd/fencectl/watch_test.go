@@ -1,0 +1,124 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+type eventOutput struct {
+	Position      uint64 `json:"position"`
+	Kind          string `json:"kind"`
+	Scope         string `json:"scope"`
+	Token         uint64 `json:"token"`
+	TokenText     string `json:"token_text"`
+	Holder        string `json:"holder"`
+	LeaseIDPrefix string `json:"lease_id_prefix"`
+	TTLMs         int64  `json:"ttl_ms"`
+	Time          string `json:"time"`
+	CurrentToken  uint64 `json:"current_token"`
+}
+
+// watcher is a running "fencectl watch" whose output is read line by line.
+type watcher struct {
+	lines *bufio.Scanner
+	wait  func() error
+}
+
+func (s *fenced) watch(t *testing.T, args ...string) *watcher {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	cmd := s.command(ctx, append([]string{"watch"}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return &watcher{lines: bufio.NewScanner(out), wait: cmd.Wait}
+}
+
+func (w *watcher) line(t *testing.T) string {
+	t.Helper()
+	if !w.lines.Scan() {
+		t.Fatalf("watch output ended: %v", w.lines.Err())
+	}
+	return w.lines.Text()
+}
+
+func (w *watcher) event(t *testing.T) eventOutput {
+	t.Helper()
+	line := w.line(t)
+	var e eventOutput
+	dec := json.NewDecoder(strings.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		t.Fatalf("decode %q: %v", line, err)
+	}
+	return e
+}
+
+// TestWatch: watch prints the leases held when it starts, then each event
+// live, one JSON object per line, and exits after --count events.
+func TestWatch(t *testing.T) {
+	t.Parallel()
+	s := startFenced(t)
+	var a leaseOutput
+	s.wantJSON(t, 0, &a, "acquire", "orders/a", "--holder", "alice", "--ttl", "30s")
+	w := s.watch(t, "orders/", "--held", "--count", "4", "-o", "json")
+	if e := w.event(t); e.Kind != "held" || e.Scope != "orders/a" || e.Token != a.Token || e.Holder != "alice" || e.LeaseIDPrefix != a.LeaseID[:8] {
+		t.Fatalf("first line = %+v, want orders/a held by alice", e)
+	}
+	s.want(t, 0, "release", "orders/a", "--lease", a.LeaseID)
+	var b leaseOutput
+	s.wantJSON(t, 0, &b, "acquire", "orders/b", "--holder", "bob", "--ttl", "100ms")
+	var last uint64
+	for i, want := range []struct{ kind, scope string }{{"released", "orders/a"}, {"granted", "orders/b"}, {"expired", "orders/b"}} {
+		e := w.event(t)
+		if e.Kind != want.kind || e.Scope != want.scope || e.Token != 1 || e.TokenText != "fence:v1:"+want.scope+":1" || e.Position <= last || e.Time == "" {
+			t.Fatalf("line %d = %+v, want %s %s with token 1", i+2, e, want.scope, want.kind)
+		}
+		last = e.Position
+	}
+	if err := w.wait(); err != nil {
+		t.Fatalf("watch --count 4 after 4 events: %v", err)
+	}
+}
+
+// TestWatchText: the text form names the kind, scope, token and holder.
+func TestWatchText(t *testing.T) {
+	t.Parallel()
+	s := startFenced(t)
+	s.want(t, 0, "acquire", "jobs/x", "--holder", "zed")
+	w := s.watch(t, "jobs/", "--held", "--count", "2")
+	if line := w.line(t); !strings.Contains(line, `held      jobs/x  token 1  holder "zed"`) {
+		t.Fatalf("held line = %q", line)
+	}
+	s.want(t, 0, "acquire", "jobs/y", "--holder", "amy")
+	if line := w.line(t); !strings.Contains(line, `granted   jobs/y  token 1  holder "amy"`) || !strings.Contains(line, "position ") {
+		t.Fatalf("granted line = %q", line)
+	}
+	if err := w.wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWatchMissed: resuming from a position the service does not keep
+// fails with code missed_events.
+func TestWatchMissed(t *testing.T) {
+	t.Parallel()
+	s := startFenced(t)
+	s.want(t, 0, "acquire", "a")
+	var out errorOutput
+	s.wantJSON(t, 1, &out, "watch", "--from", "1")
+	if out.Code != "missed_events" || !strings.Contains(out.Error, "not retained") {
+		t.Fatalf("watch --from 1: %+v", out)
+	}
+}

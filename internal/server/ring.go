@@ -1,0 +1,175 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/fence-dev/fence"
+)
+
+// ringSize is how many recent lease events the leader retains for watchers
+// to resume from, and for the status page's timeline.
+const ringSize = 10_000
+
+// termShift places the leader's term in a position's high bits, so that
+// positions keep increasing across leaders: a new leader, in a higher term,
+// starts after every position of its predecessors.
+const termShift = 40
+
+// eventRing holds the recent lease events recorded by this node as the
+// serving leader, each with a position: term<<40 | sequence within the
+// term. Readers follow it with a cursor and wait on a channel that is
+// closed at every append. It is safe for concurrent use.
+type eventRing struct {
+	mu      sync.Mutex
+	buf     []leaseEvent // circular; buf[(first-base)%len] is the oldest
+	term    uint64
+	first   uint64        // position of the oldest event retained
+	next    uint64        // position of the next event
+	changed chan struct{} // closed and replaced at every append
+	closed  bool
+}
+
+func newEventRing(size int) *eventRing {
+	return &eventRing{buf: make([]leaseEvent, size), changed: make(chan struct{})}
+}
+
+// append records e as the next event of term; a new term starts the ring
+// afresh. It returns e with its position.
+func (r *eventRing) append(term uint64, e leaseEvent) leaseEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if term != r.term || r.next == 0 {
+		r.term = term
+		r.first = term<<termShift | 1
+		r.next = r.first
+	}
+	e.Position = r.next
+	r.next++
+	r.buf[e.Position%uint64(len(r.buf))] = e
+	if r.next-r.first > uint64(len(r.buf)) {
+		r.first = r.next - uint64(len(r.buf))
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+	return e
+}
+
+// position returns where a watch starting now in term begins: the
+// position the next event will get.
+func (r *eventRing) position(term uint64) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.next == 0 || r.term != term {
+		return term<<termShift | 1
+	}
+	return r.next
+}
+
+// errClosed ends reads when the server stops.
+var errClosed = fmt.Errorf("%w: the server is shutting down", fence.ErrUnavailable)
+
+// read returns up to limit events from position from on whose scope
+// starts with prefix, the position to read from next, and a channel that
+// is closed when more may have arrived. It fails with a *missedError when
+// from is no longer (or was never) retained.
+func (r *eventRing) read(from uint64, prefix string, limit int) ([]leaseEvent, uint64, <-chan struct{}, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, from, nil, errClosed
+	}
+	if r.next == 0 || from>>termShift > r.term {
+		// A term that has recorded nothing here yet: only its first
+		// position is a place to wait at.
+		if from&(1<<termShift-1) == 1 {
+			return nil, from, r.changed, nil
+		}
+		return nil, from, nil, r.missedLocked(from)
+	}
+	if from < r.first || from > r.next {
+		return nil, from, nil, r.missedLocked(from)
+	}
+	var out []leaseEvent
+	for ; from < r.next && len(out) < limit; from++ {
+		e := r.buf[from%uint64(len(r.buf))]
+		if strings.HasPrefix(e.Scope, prefix) {
+			out = append(out, e)
+		}
+	}
+	return out, from, r.changed, nil
+}
+
+func (r *eventRing) missedLocked(from uint64) error {
+	e := &missedError{position: from}
+	if r.next != 0 {
+		e.oldest, e.next = r.first, r.next
+	}
+	return e
+}
+
+// missedError explains why a watch cannot resume where it asked to. It
+// unwraps to fence.ErrMissedEvents.
+type missedError struct {
+	position, oldest, next uint64
+}
+
+func (e *missedError) Error() string {
+	msg := fmt.Sprintf("%v: position %d (%s) is not retained by the leader", fence.ErrMissedEvents, e.position, describePosition(e.position))
+	if e.next != 0 {
+		msg += fmt.Sprintf(", which holds %d to %d (%s to %s)", e.oldest, e.next-1, describePosition(e.oldest), describePosition(e.next-1))
+	} else {
+		msg += ", which has recorded no events yet"
+	}
+	return msg + fmt.Sprintf("; it keeps the last %d events of its term only, so events may have been missed: read the current state again (List, or Watch with include_held) and watch from now", ringSize)
+}
+
+func (e *missedError) Unwrap() error { return fence.ErrMissedEvents }
+
+// describePosition spells out a position for people.
+func describePosition(p uint64) string {
+	return fmt.Sprintf("term %d, event %d", p>>termShift, p&(1<<termShift-1))
+}
+
+// recent returns the retained events whose scope starts with prefix,
+// oldest first, at most limit of them (the newest).
+func (r *eventRing) recent(prefix string, limit int, keep func(leaseEvent) bool) []leaseEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []leaseEvent
+	for p := r.next; p > r.first && len(out) < limit; p-- {
+		e := r.buf[(p-1)%uint64(len(r.buf))]
+		if strings.HasPrefix(e.Scope, prefix) && (keep == nil || keep(e)) {
+			out = append(out, e)
+		}
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// close ends every read, now and later.
+func (r *eventRing) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		close(r.changed)
+	}
+}
+
+// holder returns the holder of the lease with this token, from its grant
+// if that is still retained; "" if not.
+func (r *eventRing) holder(scope string, token uint64) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := r.next; p > r.first; p-- {
+		e := &r.buf[(p-1)%uint64(len(r.buf))]
+		if e.Token == token && e.Scope == scope && e.Holder != "" {
+			return e.Holder
+		}
+	}
+	return ""
+}

@@ -1,0 +1,73 @@
+package server
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/fence-dev/fence"
+)
+
+func TestRingReadsInOrderAndForgetsTheOldest(t *testing.T) {
+	r := newEventRing(4)
+	const term = 3
+	start := r.position(term)
+	if start != term<<termShift|1 {
+		t.Fatalf("start of an empty ring = %d, want the first position of term %d", start, term)
+	}
+	// Waiting at the first position of a term that has recorded nothing.
+	if evs, next, ch, err := r.read(start, "", 10); err != nil || len(evs) != 0 || next != start || ch == nil {
+		t.Fatalf("read of an empty ring = %v, %d, %v", evs, next, err)
+	}
+	for i, scope := range []string{"a", "b/1", "a", "b/2", "c", "b/3"} {
+		e := r.append(term, leaseEvent{Kind: kindGranted, Scope: scope, Token: uint64(i + 1)})
+		if e.Position != start+uint64(i) {
+			t.Fatalf("event %d at position %d, want %d", i, e.Position, start+uint64(i))
+		}
+	}
+	// Six appended, four kept: the first two are gone.
+	if _, _, _, err := r.read(start+1, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+		t.Fatalf("reading a forgotten position: %v, want ErrMissedEvents", err)
+	}
+	evs, next, _, err := r.read(start+2, "b/", 10)
+	if err != nil || len(evs) != 2 || evs[0].Scope != "b/2" || evs[1].Scope != "b/3" || next != start+6 {
+		t.Fatalf("read b/ from the oldest = %+v, next %d, %v", evs, next, err)
+	}
+	if evs, _, _, _ := r.read(start+2, "", 1); len(evs) != 1 || evs[0].Scope != "a" {
+		t.Fatalf("read with limit 1 = %+v", evs)
+	}
+	// Past the newest is refused: nothing was ever recorded there.
+	if _, _, _, err := r.read(start+7, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+		t.Fatalf("reading ahead: %v, want ErrMissedEvents", err)
+	}
+	if got := r.holder("b/2", 4); got != "" {
+		t.Fatalf("holder of an event without one = %q", got)
+	}
+	if got := r.recent("", 10, nil); len(got) != 4 || got[0].Scope != "a" || got[3].Scope != "b/3" {
+		t.Fatalf("recent = %+v, want the four kept, oldest first", got)
+	}
+}
+
+func TestRingNewTermStartsAfresh(t *testing.T) {
+	r := newEventRing(8)
+	old := r.append(1, leaseEvent{Scope: "a"})
+	// A watch started in term 2 before anything happened in it waits at
+	// term 2's first position, after every position of term 1.
+	start := r.position(2)
+	if start <= old.Position {
+		t.Fatalf("term 2 starts at %d, not after term 1's %d", start, old.Position)
+	}
+	if _, _, _, err := r.read(start, "", 10); err != nil {
+		t.Fatalf("waiting at the start of term 2: %v", err)
+	}
+	e := r.append(2, leaseEvent{Scope: "b"})
+	if e.Position != start {
+		t.Fatalf("term 2's first event at %d, want %d", e.Position, start)
+	}
+	if _, _, _, err := r.read(old.Position, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+		t.Fatalf("resuming in term 1 on term 2's ring: %v, want ErrMissedEvents", err)
+	}
+	r.close()
+	if _, _, _, err := r.read(start, "", 10); !errors.Is(err, fence.ErrUnavailable) {
+		t.Fatalf("reading a closed ring: %v, want ErrUnavailable", err)
+	}
+}
