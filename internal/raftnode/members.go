@@ -89,7 +89,15 @@ func (n *Node) VerifyLeader(ctx context.Context) error {
 // AddVoter records id's API address in the replicated state, which refuses
 // a removed ID, then makes id a voter at raftAddr. Adding a voter that is
 // already a voter at that address changes nothing in the configuration.
+//
+// A node without a Raft listener refuses: it can never reach a peer, so
+// the voter it added would never answer, and a cluster of one plus a voter
+// that never answers has no quorum and stops granting.
 func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error {
+	if n.cfg.RaftListen == "" {
+		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf(
+			"node %q runs without a Raft listener (--raft-listen) and cannot reach peers; only nodes started with --raft-listen form a cluster", n.cfg.NodeID)}
+	}
 	r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetNode, Node: id, Addr: apiAddr})
 	if err != nil {
 		return err
