@@ -26,6 +26,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 )
 
@@ -82,8 +83,14 @@ func (s *Store) Close() error {
 // scope's highest mark and advancing it: a stale w returns a
 // *guard.StaleError and fn does not run; if fn fails, the transaction and
 // with it the mark roll back.
+//
+// A token of no scope, or with a value outside 1 to fence.MaxToken, is
+// refused as invalid (fence.ErrInvalid) before the file is touched.
 func (s *Store) Update(ctx context.Context, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validate(w); err != nil {
 		return err
 	}
 	return s.db.Update(func(tx *bbolt.Tx) error {
@@ -104,6 +111,20 @@ func (s *Store) Update(ctx context.Context, w guard.Write, strict bool, fn func(
 		}
 		return fn(tx)
 	})
+}
+
+// validate refuses a write no service could have issued. A guard.Guard
+// checks the token already, but Update is also called directly, and a
+// value above fence.MaxToken, once recorded, would refuse every later
+// writer of the scope.
+func validate(w guard.Write) error {
+	if w.Token.Scope == "" {
+		return &fence.InvalidError{Field: "scope", Reason: "the write's token has no scope"}
+	}
+	if w.Token.Value == 0 || w.Token.Value > fence.MaxToken {
+		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", w.Token.Value, uint64(fence.MaxToken))}
+	}
+	return nil
 }
 
 // Fence implements guard.Store: apply runs inside the transaction that

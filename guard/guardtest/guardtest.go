@@ -119,6 +119,7 @@ func Run(t *testing.T, h Harness) {
 		mustAccept(t, s, sseq(13, 1), true) // a new epoch starts its own sequence
 		mustRefuse(t, s, sseq(12, 9), true, 13)
 	})
+	t.Run("GuardRefusesMalformedAndForeignTokens", func(t *testing.T) { hostile(t, h.Open(t)) })
 	t.Run("Concurrent", func(t *testing.T) { concurrent(t, h.Open(t)) })
 	if h.Reopen != nil {
 		t.Run("SurvivesRestart", func(t *testing.T) {
@@ -129,6 +130,44 @@ func Run(t *testing.T, h Harness) {
 			mustAccept(t, s, tok(sc, 42), false)
 		})
 	}
+}
+
+// hostile presents, through a guard.Guard over s, tokens no writer should
+// hold: malformed values, a token of another scope (a greater one, which
+// would lock the scope's writers out if it were recorded), a token without
+// a scope. Each is refused before s is touched, and both scopes' marks stay
+// exactly where they were.
+func hostile(t *testing.T, s guard.Store) {
+	a, b := scope(t), scope(t)
+	mustAccept(t, s, tok(a, 5), false)
+	mustAccept(t, s, tok(b, 3), false)
+	g := guard.New(s)
+	for _, c := range []struct {
+		name  string
+		scope string
+		w     guard.Write
+		want  error
+	}{
+		{"token 0", a, tok(a, 0), fence.ErrInvalid},
+		{"token 2^63", a, tok(a, fence.MaxToken+1), fence.ErrInvalid},
+		{"token 2^64-1", a, tok(a, 1<<64-1), fence.ErrInvalid},
+		{"token of another scope", a, tok(b, fence.MaxToken), guard.ErrWrongScope},
+		{"token of another scope, the other way", b, tok(a, fence.MaxToken), guard.ErrWrongScope},
+		{"token without a scope", a, tok("", fence.MaxToken), guard.ErrWrongScope},
+	} {
+		applied := false
+		err := g.Fence(context.Background(), c.scope, c.w, func(context.Context) error {
+			applied = true
+			return nil
+		})
+		if applied || !errors.Is(err, c.want) {
+			t.Errorf("%s: applied %v, err %v; want %v and nothing applied", c.name, applied, err, c.want)
+		}
+	}
+	mustAccept(t, s, tok(a, 5), false)
+	mustRefuse(t, s, tok(a, 4), false, 5)
+	mustAccept(t, s, tok(b, 3), false)
+	mustRefuse(t, s, tok(b, 2), false, 3)
 }
 
 // concurrent has many goroutines present random older and newer tokens for

@@ -1,0 +1,84 @@
+package redisguard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/redisguard"
+)
+
+// TestMalformedTokensLeaveTheMark presents tokens no service issues to
+// every fenced command of a Guard. Each is refused as invalid before the
+// script runs: the mark and the data stay as they were.
+func TestMalformedTokensLeaveTheMark(t *testing.T) {
+	rdb := testRedis(t)
+	g := redisguard.New(rdb)
+	sc := newScope(t, rdb)
+	accept(t, g, wr(sc, 5, 2))
+	key := redisguard.Key(sc, "v")
+	for _, w := range []guard.Write{
+		wr(sc, 0, 0), wr(sc, 0, 1<<64-1), wr(sc, fence.MaxToken+1, 0), wr(sc, 1<<64-1, 0), wr("", fence.MaxToken, 0),
+	} {
+		for name, write := range map[string]func() error{
+			"set":    func() error { return set(g, w) },
+			"del":    func() error { _, err := g.Del(ctx, w, key); return err },
+			"hset":   func() error { _, err := g.HSet(ctx, w, redisguard.Key(sc, "h"), "f", "x"); return err },
+			"incrby": func() error { _, err := g.IncrBy(ctx, w, redisguard.Key(sc, "n"), 1); return err },
+			"eval": func() error {
+				_, err := g.Eval(ctx, w, `return redis.call('SET', KEYS[1], 'evil')`, []string{key})
+				return err
+			},
+		} {
+			if err := write(); !errors.Is(err, fence.ErrInvalid) {
+				t.Errorf("%s with token %d seq %d of %q: %v, want ErrInvalid", name, w.Token.Value, w.Seq, w.Token.Scope, err)
+			}
+		}
+	}
+	if m, err := g.Highest(ctx, sc); err != nil || m != (guard.Mark{Token: 5, Seq: 2}) {
+		t.Errorf("mark %+v, %v; want token 5 sequence 2", m, err)
+	}
+	if v, err := rdb.Get(ctx, key).Result(); err != nil || v != "5/2" {
+		t.Errorf("data %q, %v; want the write of token 5", v, err)
+	}
+	if n, _ := rdb.Exists(ctx, redisguard.Key(sc, "h"), redisguard.Key(sc, "n")).Result(); n != 0 {
+		t.Errorf("%d refused writes left keys behind", n)
+	}
+}
+
+// TestStoreTokensBeyondFloat is TestTokensBeyondFloat for Store, whose
+// check and advance are separate scripts: tokens a double cannot tell
+// apart are ordered exactly, and the mark advances to the exact value.
+func TestStoreTokensBeyondFloat(t *testing.T) {
+	rdb := testRedis(t)
+	s := redisguard.NewStore(rdb)
+	const p53 = uint64(1) << 53
+	noop := func(context.Context) error { return nil }
+	for _, c := range []struct {
+		name         string
+		older, newer uint64
+	}{
+		{"2^53 then 2^53+1", p53, p53 + 1},
+		{"2^63-2 then 2^63-1", fence.MaxToken - 1, fence.MaxToken},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sc := newScope(t, rdb)
+			for _, v := range []uint64{c.older, c.newer} {
+				if err := s.Fence(ctx, wr(sc, v, 0), false, noop); err != nil {
+					t.Fatalf("token %d: %v", v, err)
+				}
+				if m, err := s.Highest(ctx, sc); err != nil || m.Token != v {
+					t.Fatalf("after token %d the mark is %d, %v; want it exactly", v, m.Token, err)
+				}
+			}
+			applied := false
+			err := s.Fence(ctx, wr(sc, c.older, 0), false, func(context.Context) error { applied = true; return nil })
+			var stale *guard.StaleError
+			if applied || !errors.As(err, &stale) || stale.Highest != c.newer {
+				t.Fatalf("token %d after %d: applied %v, err %v; want stale against %d", c.older, c.newer, applied, err, c.newer)
+			}
+		})
+	}
+}
