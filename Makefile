@@ -50,6 +50,12 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
 bench: ## run the Go benchmarks (acquire+release and renew through a real server)
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./client/
 
+.PHONY: bench-peers
+bench-peers: services ## fenced beside etcd and Redis locks, measured side by side (bench/; ~20 min; BENCH_TIME=2s shortens it)
+	$(GO) build -o bench/bin/fenced ./cmd/fenced
+	cd bench && $(GO) build -o bin/peers ./cmd/peers
+	set -a && source scripts/services.env && set +a && cd bench && ./bin/peers -fenced bin/fenced -out results
+
 .PHONY: build
 build: ## build fenced and fencectl into bin/
 	$(GO) build -o bin/ ./cmd/...

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+// etcdSetup prepares etcd's side of a workload: one clientv3.Client (one
+// gRPC connection) shared by the workers, each worker with its own
+// concurrency.Session (a lease kept alive by the client), as a program
+// would.
+//
+//   - lock-cycle: Mutex.Lock (one Txn: put the waiter key, read the owner)
+//     and Mutex.Unlock (one Delete) on the worker's own prefix.
+//   - contended: the same on one prefix: each waiter watches the deletion
+//     of the key before its own, so the lock passes in creation order.
+//   - renew: confirmed keep-alives (LeaseKeepAlive answers with TTL > 0) of
+//     the given number of leases, each worker sending its share in turn on
+//     its own keep-alive stream: the fastest way the protocol offers, one
+//     lease per message.
+//   - guarded-write: each worker holds a Mutex and writes with
+//     Txn(If(mod_revision(lock key) == rev)).Then(Put), rev being the
+//     revision at which it took the lock.
+func etcdSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{a.addr.etcd}, DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	var u undo
+	u.add(func() { cli.Close() })
+	ops := make([]op, a.clients)
+	mutex := func(prefix string) (*concurrency.Mutex, error) {
+		s, err := concurrency.NewSession(cli, concurrency.WithTTL(60), concurrency.WithContext(ctx))
+		if err != nil {
+			return nil, err
+		}
+		u.add(func() { s.Close() })
+		return concurrency.NewMutex(s, prefix), nil
+	}
+	switch a.workload {
+	case wlLockCycle, wlContended:
+		for i := range ops {
+			m, err := mutex(lockKey(a.workload, i))
+			if err != nil {
+				return u.fail(err)
+			}
+			ops[i] = func(ctx context.Context) error {
+				if err := m.Lock(ctx); err != nil {
+					return err
+				}
+				return m.Unlock(ctx)
+			}
+		}
+	case wlRenew:
+		ids := make([]clientv3.LeaseID, a.leases)
+		err := parallel(len(ids), 32, func(i int) error {
+			g, err := cli.Grant(ctx, 120)
+			if err == nil {
+				ids[i] = g.ID
+			}
+			return err
+		})
+		if err != nil {
+			return u.fail(err)
+		}
+		lc := pb.NewLeaseClient(cli.ActiveConnection())
+		sctx, cancel := context.WithCancel(ctx)
+		u.add(cancel)
+		for i := range ops {
+			stream, err := lc.LeaseKeepAlive(sctx)
+			if err != nil {
+				return u.fail(err)
+			}
+			next := i
+			ops[i] = func(context.Context) error {
+				id := ids[next]
+				next += len(ops)
+				if next >= len(ids) {
+					next = i
+				}
+				if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+					return err
+				}
+				resp, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				if resp.TTL <= 0 {
+					return fmt.Errorf("lease %x: not renewed (TTL %d)", id, resp.TTL)
+				}
+				return nil
+			}
+		}
+	case wlGuardedWrite:
+		for i := range ops {
+			m, err := mutex(fmt.Sprintf("gw/%d", i))
+			if err != nil {
+				return u.fail(err)
+			}
+			if err := m.Lock(ctx); err != nil {
+				return u.fail(err)
+			}
+			key, rev := m.Key(), m.Header().Revision
+			data := fmt.Sprintf("data/%d", i)
+			n := 0
+			ops[i] = func(ctx context.Context) error {
+				n++
+				resp, err := cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+					Then(clientv3.OpPut(data, strconv.Itoa(n))).
+					Commit()
+				if err != nil {
+					return err
+				}
+				if !resp.Succeeded {
+					return fmt.Errorf("guarded write to %s: lock %s no longer at revision %d", data, key, rev)
+				}
+				return nil
+			}
+		}
+	default:
+		return u.fail(fmt.Errorf("etcd: no workload %q", a.workload))
+	}
+	return ops, u.run, nil
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/guard/httpguard"
+)
+
+// fenceSetup prepares fence's side of a workload: one client.Client (one
+// HTTP/2 connection) shared by the workers, as a program would.
+//
+//   - lock-cycle: Acquire (a durable grant, keep-alive started) and
+//     Release (durable) on the worker's own scope.
+//   - contended: the same on one scope with WithWait: the service queues
+//     the acquires first come, first served and hands the scope to the next
+//     in line on release; Acquire then renews once (see client.Acquire).
+//   - renew: confirmed renewals of the given number of live leases, each
+//     worker renewing its share in turn, one lease per call.
+//   - guarded-write: each worker holds a lease on its own scope and POSTs
+//     to the guarded bbolt resource (httpguard over boltguard) with the
+//     lease's token; every write is one fsynced bbolt transaction.
+func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
+	c, err := client.New(a.addr.fence, client.WithHolder("bench"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var u undo
+	u.add(func() { c.Close() })
+	ops := make([]op, a.clients)
+	switch a.workload {
+	case wlLockCycle, wlContended:
+		opts := []client.AcquireOption{client.WithTTL(10 * time.Second)}
+		if a.workload == wlContended {
+			opts = append(opts, client.WithWait())
+		}
+		for i := range ops {
+			scope := lockKey(a.workload, i)
+			ops[i] = func(ctx context.Context) error {
+				l, err := c.Acquire(ctx, scope, opts...)
+				if err != nil {
+					return err
+				}
+				return l.Release(ctx)
+			}
+		}
+	case wlRenew:
+		leases := make([]fence.Lease, a.leases)
+		err := parallel(len(leases), 32, func(i int) error {
+			var err error
+			leases[i], err = c.Grant(ctx, fmt.Sprintf("renew/%d", i), client.WithTTL(2*time.Minute))
+			return err
+		})
+		if err != nil {
+			return u.fail(err)
+		}
+		for i := range ops {
+			next := i
+			ops[i] = func(ctx context.Context) error {
+				l := leases[next]
+				next += len(ops)
+				if next >= len(leases) {
+					next = i
+				}
+				_, err := c.Renew(ctx, l.Scope, l.ID)
+				return err
+			}
+		}
+	case wlGuardedWrite:
+		base := http.DefaultTransport.(*http.Transport).Clone()
+		base.MaxIdleConnsPerHost = a.clients
+		u.add(base.CloseIdleConnections)
+		for i := range ops {
+			scope := fmt.Sprintf("gw/%d", i)
+			l, err := c.Acquire(ctx, scope, client.WithTTL(time.Minute))
+			if err != nil {
+				return u.fail(err)
+			}
+			u.add(func() { _ = l.Release(context.Background()) })
+			hc := &http.Client{Transport: httpguard.NewTransport(l, base)}
+			url := a.addr.resource + "/write/" + scope
+			n := 0
+			ops[i] = func(ctx context.Context) error {
+				n++
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(strconv.Itoa(n)))
+				if err != nil {
+					return err
+				}
+				resp, err := hc.Do(req)
+				if err != nil {
+					return err
+				}
+				body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNoContent {
+					return fmt.Errorf("guarded write: %s: %s", resp.Status, body)
+				}
+				return nil
+			}
+		}
+	default:
+		return u.fail(fmt.Errorf("fence: no workload %q", a.workload))
+	}
+	return ops, u.run, nil
+}

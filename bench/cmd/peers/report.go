@@ -1,0 +1,210 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// summary is one workload, concurrency and system over all runs: each
+// figure is the median of the runs' figures.
+type summary struct {
+	Workload     string
+	Clients      int
+	System       string
+	Runs         int
+	OpsPerSec    float64
+	P50          time.Duration
+	P99          time.Duration
+	P999         time.Duration
+	FlushesPerOp float64
+	ServerCPU    time.Duration // per operation
+	ClientCPU    time.Duration // per operation
+	Errors       int64
+}
+
+// summarise takes the medians over runs, in the order cells were measured.
+func summarise(rep report) []summary {
+	type key struct {
+		w string
+		c int
+		s string
+	}
+	var order []key
+	byKey := map[key][]measurement{}
+	for _, m := range rep.Measurements {
+		k := key{m.Workload, m.Clients, m.System}
+		if _, ok := byKey[k]; !ok {
+			order = append(order, k)
+		}
+		byKey[k] = append(byKey[k], m)
+	}
+	var out []summary
+	for _, k := range order {
+		ms := byKey[k]
+		s := summary{Workload: k.w, Clients: k.c, System: k.s, Runs: len(ms)}
+		var ops, flushes []float64
+		var p50, p99, p999, scpu, ccpu []time.Duration
+		for _, m := range ms {
+			n := max(m.Ops, 1)
+			ops = append(ops, rate(m.Ops, m.Elapsed))
+			flushes = append(flushes, float64(m.Flushes)/float64(n))
+			p50, p99, p999 = append(p50, m.P50), append(p99, m.P99), append(p999, m.P999)
+			scpu, ccpu = append(scpu, m.ServerCPU/time.Duration(n)), append(ccpu, m.ClientCPU/time.Duration(n))
+			s.Errors += m.Errors
+		}
+		s.OpsPerSec, s.FlushesPerOp = median(ops), median(flushes)
+		s.P50, s.P99, s.P999 = median(p50), median(p99), median(p999)
+		s.ServerCPU, s.ClientCPU = median(scpu), median(ccpu)
+		out = append(out, s)
+	}
+	return out
+}
+
+// median returns the middle value (the lower middle of an even count).
+func median[T int64 | float64 | time.Duration](xs []T) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+// find returns the summary of one workload, concurrency and system.
+func find(sums []summary, w string, clients int, sys string) (summary, bool) {
+	i := slices.IndexFunc(sums, func(s summary) bool { return s.Workload == w && s.Clients == clients && s.System == sys })
+	if i < 0 {
+		return summary{}, false
+	}
+	return sums[i], true
+}
+
+// printReport prints the medians as a Markdown table, then one ratio line
+// per workload and concurrency, last.
+func printReport(w io.Writer, rep report) {
+	sums := summarise(rep)
+	runs := 0
+	for _, s := range sums {
+		runs = max(runs, s.Runs)
+	}
+	fmt.Fprintf(w, "\nMedians of %d runs of %s per cell; %s cores (%s); disk %s.\n\n",
+		runs, rep.Settings["time"], rep.Machine["cores"], rep.Machine["cpu"], rep.Machine["disk"])
+	for _, p := range rep.Probes {
+		fmt.Fprintf(w, "run %d: fdatasync of 4 KiB: %.0f/s, p50 %s\n", p.Run, rate(p.Ops, p.Elapsed), round(p.P50))
+	}
+	fmt.Fprintln(w, "\n| workload | clients | system | ops/s | p50 | p99 | p99.9 | disk flushes/op | CPU/op server + client | fence/system |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, s := range sums {
+		vs := ""
+		peer := s.System == sysEtcd || s.System == sysRedisAlways || s.System == sysRedisDefault
+		if f, ok := find(sums, s.Workload, s.Clients, sysFence); ok && s.OpsPerSec > 0 && peer {
+			vs = fmt.Sprintf("%.2f", f.OpsPerSec/s.OpsPerSec)
+		}
+		sys := s.System
+		if s.Errors > 0 {
+			sys += fmt.Sprintf(" (%d errors)", s.Errors)
+		}
+		server := round(s.ServerCPU)
+		if s.System == sysFencePG || s.System == sysPlainPG {
+			server = "(PostgreSQL's not counted)"
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %s + %s | %s |\n",
+			s.Workload, s.Clients, sys, thousands(s.OpsPerSec), round(s.P50), round(s.P99), round(s.P999), s.FlushesPerOp,
+			server, round(s.ClientCPU), vs)
+	}
+	fmt.Fprintln(w)
+	for _, s := range sums {
+		if s.Workload != wlGuardedWrite {
+			continue
+		}
+		peer := map[string]string{sysFencePG: sysPlainPG, sysFenceGroup: sysEtcd}[s.System]
+		if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
+			fmt.Fprintf(w, "%s %d %s/%s=%.2f\n", s.Workload, s.Clients, s.System, peer, s.OpsPerSec/p.OpsPerSec)
+		}
+	}
+	for _, s := range sums {
+		if s.System != sysFence {
+			continue
+		}
+		if e, ok := find(sums, s.Workload, s.Clients, sysEtcd); ok && e.OpsPerSec > 0 {
+			fmt.Fprintf(w, "ratio %s %d fence/etcd=%.2f\n", s.Workload, s.Clients, s.OpsPerSec/e.OpsPerSec)
+		}
+	}
+}
+
+// round shortens a latency for the table.
+func round(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+// thousands formats a rate with thousands separators.
+func thousands(x float64) string {
+	s := fmt.Sprintf("%.0f", x)
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// plotLockCycle draws lock cycles per second against concurrency, one line
+// per system, both axes logarithmic.
+func plotLockCycle(sums []summary, path string) error {
+	p := plot.New()
+	p.Title.Text = "Lock cycle (acquire + release) on distinct keys, medians"
+	p.X.Label.Text = "concurrent clients"
+	p.Y.Label.Text = "cycles per second"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker = plot.ConstantTicks([]plot.Tick{{Value: 1, Label: "1"}, {Value: 16, Label: "16"}, {Value: 64, Label: "64"}})
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	var lines []any
+	lowest := 0.0
+	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault} {
+		var xys plotter.XYs
+		for _, s := range sums {
+			if s.Workload == wlLockCycle && s.System == sys && s.OpsPerSec > 0 {
+				xys = append(xys, plotter.XY{X: float64(s.Clients), Y: s.OpsPerSec})
+				if lowest == 0 || s.OpsPerSec < lowest {
+					lowest = s.OpsPerSec
+				}
+			}
+		}
+		if len(xys) > 0 {
+			label := sys
+			switch sys {
+			case sysRedisAlways:
+				label = "redis, appendfsync always"
+			case sysRedisDefault:
+				label = "redis, defaults (not durable)"
+			}
+			lines = append(lines, label, xys)
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return err
+	}
+	// Room below the lowest point for the legend, bottom right.
+	p.Y.Min = lowest / 4
+	p.Legend.Top, p.Legend.Left = false, false
+	return p.Save(16*vg.Centimeter, 11*vg.Centimeter, path)
+}

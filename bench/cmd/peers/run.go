@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The workloads, as named in the ratio lines.
+const (
+	wlLockCycle    = "lock-cycle"
+	wlContended    = "contended"
+	wlRenew        = "renew"
+	wlGuardedWrite = "guarded-write"
+)
+
+// The systems. fence's guarded write goes through its bbolt guard; fence-pg
+// and pg-plain are the guarded and the plain write on PostgreSQL.
+const (
+	sysFence        = "fence"
+	sysEtcd         = "etcd"
+	sysRedisAlways  = "redis-always"
+	sysRedisDefault = "redis-default"
+	sysFencePG      = "fence-pg"
+	sysPlainPG      = "pg-plain"
+	sysFenceGroup   = "fence-group" // the guarded bbolt write through the groupCommit prototype
+)
+
+// cell is one workload at one concurrency, measured on each of its systems.
+type cell struct {
+	workload string
+	clients  int
+	systems  []string
+}
+
+func allCells() []cell {
+	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault}
+	return []cell{
+		{wlLockCycle, 1, locks},
+		{wlLockCycle, 16, locks},
+		{wlLockCycle, 64, locks},
+		{wlContended, 64, locks},
+		{wlRenew, 64, []string{sysFence, sysEtcd}},
+		{wlGuardedWrite, 64, []string{sysFence, sysEtcd, sysFenceGroup, sysFencePG, sysPlainPG}},
+	}
+}
+
+// config is the coordinator's.
+type config struct {
+	fenced, redisServer, postgres string
+	data, out                     string
+	runs, leases                  int
+	duration, redisRetry          time.Duration
+	maxOps                        int64
+	only, systems                 []string
+	deadline                      time.Duration
+}
+
+// measurement is one cell's result on one system in one run.
+type measurement struct {
+	Run      int    `json:"run"`
+	Workload string `json:"workload"`
+	Clients  int    `json:"clients"`
+	System   string `json:"system"`
+	cellResult
+}
+
+// fsyncProbe is the disk's own rate: 4 KiB written in place, then
+// fdatasync, one at a time.
+type fsyncProbe struct {
+	Run     int           `json:"run"`
+	Ops     int64         `json:"ops"`
+	Elapsed time.Duration `json:"elapsed_ns"`
+	P50     time.Duration `json:"p50_ns"`
+	Flushes int64         `json:"disk_flushes"`
+}
+
+// report is everything a run of the harness measured, written as JSON.
+type report struct {
+	Started      time.Time         `json:"started"`
+	Command      string            `json:"command"`
+	Machine      map[string]string `json:"machine"`
+	Versions     map[string]string `json:"versions"`
+	Settings     map[string]string `json:"settings"`
+	Load         []string          `json:"load"` // /proc/loadavg before each run and at the end
+	Probes       []fsyncProbe      `json:"fsync_probes"`
+	Measurements []measurement     `json:"measurements"`
+}
+
+func runMain(args []string) error {
+	var cfg config
+	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
+	fs.StringVar(&cfg.fenced, "fenced", "bin/fenced", "the fenced binary to measure (go build -o bin/fenced ./cmd/fenced)")
+	fs.StringVar(&cfg.redisServer, "redis-server", "redis-server", "the redis-server binary")
+	fs.StringVar(&cfg.postgres, "postgres", cmp.Or(os.Getenv("FENCE_TEST_POSTGRES"), "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable"),
+		"PostgreSQL DSN for the guarded write (make services starts one); empty skips fence-pg and pg-plain")
+	fs.StringVar(&cfg.data, "data", os.TempDir(), "directory for the servers' data (each cell gets a fresh one, removed after)")
+	fs.StringVar(&cfg.out, "out", "results", "directory for the JSON results and the plot")
+	fs.IntVar(&cfg.runs, "runs", 3, "runs; the table shows the median")
+	fs.IntVar(&cfg.leases, "leases", 10_000, "live leases in the renew workload")
+	benchTime := cmp.Or(os.Getenv("BENCH_TIME"), "10s")
+	fs.Func("time", "measured time per cell (default $BENCH_TIME, else 10s)", func(s string) error {
+		benchTime = s
+		return nil
+	})
+	fs.Int64Var(&cfg.maxOps, "max-ops", 2_000_000, "most operations per cell")
+	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
+	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
+	only := fs.String("only", "", "comma-separated workloads to run (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run (default all)")
+	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *again != "" {
+		return reprint(*again)
+	}
+	var err error
+	if cfg.duration, err = time.ParseDuration(benchTime); err != nil || cfg.duration <= 0 {
+		return fmt.Errorf("BENCH_TIME %q: want a positive duration such as 10s", benchTime)
+	}
+	cfg.only, cfg.systems = splitList(*only), splitList(*systems)
+	if cfg.fenced, err = filepath.Abs(cfg.fenced); err != nil {
+		return err
+	}
+	if _, err := os.Stat(cfg.fenced); err != nil {
+		return fmt.Errorf("fenced binary: %w (build it with: go build -o bin/fenced ./cmd/fenced)", err)
+	}
+	if cfg.redisServer, err = exec.LookPath(cfg.redisServer); err != nil {
+		return fmt.Errorf("redis-server: %w (make services installs it)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
+	defer cancel()
+
+	rep := report{
+		Started:  time.Now().UTC(),
+		Command:  strings.Join(os.Args, " "),
+		Machine:  machineFacts(),
+		Versions: versions(cfg),
+		Settings: map[string]string{
+			"time": cfg.duration.String(), "runs": fmt.Sprint(cfg.runs), "max_ops": fmt.Sprint(cfg.maxOps),
+			"leases": fmt.Sprint(cfg.leases), "redis_retry": cfg.redisRetry.String(), "data": cfg.data,
+		},
+	}
+	disk := diskOf(cfg.data)
+	rep.Machine["disk"] = disk
+	for run := 1; run <= cfg.runs; run++ {
+		rep.Load = append(rep.Load, loadavg())
+		p, err := probeFsync(cfg.data, disk, 2*time.Second)
+		if err != nil {
+			return fmt.Errorf("fsync probe: %w", err)
+		}
+		p.Run = run
+		rep.Probes = append(rep.Probes, p)
+		logf("run %d/%d: disk %s: %.0f fdatasyncs/s, p50 %s, %.2f flushes each",
+			run, cfg.runs, disk, rate(p.Ops, p.Elapsed), p.P50, float64(p.Flushes)/float64(max(p.Ops, 1)))
+		for _, c := range allCells() {
+			if len(cfg.only) > 0 && !slices.Contains(cfg.only, c.workload) {
+				continue
+			}
+			for _, sys := range c.systems {
+				if len(cfg.systems) > 0 && !slices.Contains(cfg.systems, sys) {
+					continue
+				}
+				if cfg.postgres == "" && (sys == sysFencePG || sys == sysPlainPG) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return fmt.Errorf("deadline of %s passed: %w", cfg.deadline, err)
+				}
+				m, err := runCell(ctx, cfg, disk, c, sys)
+				if err != nil {
+					return fmt.Errorf("run %d, %s at %d clients on %s: %w", run, c.workload, c.clients, sys, err)
+				}
+				m.Run = run
+				rep.Measurements = append(rep.Measurements, m)
+				n := time.Duration(max(m.Ops, 1))
+				logf("run %d: %-13s %2d clients %-13s %9.0f ops/s  p50 %-8s p99 %-8s p99.9 %-8s flushes/op %.2f  CPU/op %s + %s %s",
+					run, c.workload, c.clients, sys, rate(m.Ops, m.Elapsed), round(m.P50), round(m.P99), round(m.P999),
+					float64(m.Flushes)/float64(n), round(m.ServerCPU/n), round(m.ClientCPU/n), errNote(m))
+			}
+		}
+	}
+	rep.Load = append(rep.Load, loadavg())
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
+	stamp := rep.Started.Format("2006-01-02T150405")
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	jsonPath := filepath.Join(cfg.out, "peers-"+stamp+".json")
+	if err := os.WriteFile(jsonPath, b, 0o644); err != nil {
+		return err
+	}
+	return finish(rep, jsonPath)
+}
+
+// finish draws the plot beside the results file and prints the table.
+func finish(rep report, jsonPath string) error {
+	pngPath := strings.TrimSuffix(jsonPath, ".json") + ".png"
+	if err := plotLockCycle(summarise(rep), pngPath); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	logf("wrote %s and %s", jsonPath, pngPath)
+	printReport(os.Stdout, rep)
+	return nil
+}
+
+// reprint reads a results file and finishes it again.
+func reprint(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return finish(rep, path)
+}
+
+// runCell starts the servers system needs for c, each on a fresh data
+// directory, runs c's client process against them, and stops them.
+func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (measurement, error) {
+	dir, err := os.MkdirTemp(cfg.data, fmt.Sprintf("peers-%s-%d-%s-", c.workload, c.clients, sys))
+	if err != nil {
+		return measurement{}, err
+	}
+	var procs []*proc
+	defer func() {
+		for _, p := range slices.Backward(procs) {
+			p.stop()
+		}
+		os.RemoveAll(dir)
+	}()
+	a := clientArgs{
+		system: sys, workload: c.workload, clients: c.clients, duration: cfg.duration,
+		maxOps: cfg.maxOps, leases: cfg.leases, redisRetry: cfg.redisRetry,
+	}
+	sub := func(name string) string {
+		d := filepath.Join(dir, name)
+		_ = os.Mkdir(d, 0o700)
+		return d
+	}
+	var p *proc
+	switch sys {
+	case sysFence, sysFencePG, sysFenceGroup:
+		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"))
+		if err == nil && sys != sysFencePG && c.workload == wlGuardedWrite {
+			procs = append(procs, p)
+			p, a.addr.resource, err = startResource(sub("resource"), sys == sysFenceGroup)
+		}
+		if sys == sysFencePG {
+			a.addr.postgres = cfg.postgres
+		}
+	case sysEtcd:
+		p, a.addr.etcd, err = startEtcd(sub("etcd"))
+	case sysRedisAlways:
+		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), map[string]string{"appendonly": "yes", "appendfsync": "always"})
+	case sysRedisDefault:
+		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), nil)
+	case sysPlainPG:
+		a.addr.postgres = cfg.postgres
+	}
+	if p != nil {
+		procs = append(procs, p)
+	}
+	if err != nil {
+		return measurement{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.duration+setupBound+30*time.Second)
+	defer cancel()
+	var pids []string
+	for _, p := range procs {
+		pids = append(pids, fmt.Sprint(p.cmd.Process.Pid))
+	}
+	cmd, err := reexec(roleClient, append([]string{"-disk", disk, "-pids", strings.Join(pids, ",")}, a.flags()...)...)
+	if err != nil {
+		return measurement{}, err
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		return measurement{}, err
+	}
+	// Killed if it outlives its bound.
+	stop := context.AfterFunc(cctx, func() { _ = cmd.Process.Kill() })
+	defer stop()
+	if err := cmd.Wait(); err != nil {
+		return measurement{}, fmt.Errorf("client process: %w\n%s", err, strings.TrimSpace(stderr.String()))
+	}
+	var m measurement
+	if err := json.Unmarshal(stdout.Bytes(), &m); err != nil {
+		return measurement{}, fmt.Errorf("client process output %q: %w", stdout.String(), err)
+	}
+	m.Workload, m.Clients, m.System = c.workload, c.clients, sys
+	if m.Ops == 0 {
+		return m, fmt.Errorf("no operation succeeded: %s", m.FirstError)
+	}
+	return m, nil
+}
+
+func machineFacts() map[string]string {
+	f := map[string]string{"cores": fmt.Sprint(runtime.NumCPU()), "goos": runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				f["cpu"] = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		f["kernel"] = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f["memory"] = strings.Join(strings.Fields(line)[1:], " ")
+	}
+	return f
+}
+
+func versions(cfg config) map[string]string {
+	v := map[string]string{"go": runtime.Version()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/client/v3", "github.com/redis/go-redis/v9",
+				"go.etcd.io/bbolt", "github.com/jackc/pgx/v5":
+				v[d.Path] = d.Version
+			}
+		}
+	}
+	if out, err := exec.Command(cfg.redisServer, "--version").Output(); err == nil {
+		v["redis-server"] = strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("git", "-C", filepath.Dir(cfg.fenced), "describe", "--always", "--dirty").Output(); err == nil {
+		v["fence checkout"] = strings.TrimSpace(string(out))
+	}
+	return v
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return time.Now().UTC().Format(time.TimeOnly) + " " + strings.TrimSpace(string(b))
+}
+
+func splitList(s string) []string {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func rate(ops int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(ops) / d.Seconds()
+}
+
+func errNote(m measurement) string {
+	if m.Errors == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d errors, first: %s", m.Errors, m.FirstError)
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
+}
