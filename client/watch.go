@@ -59,6 +59,8 @@ type Event struct {
 	// Current is, for EventLost, the scope's current token (0 if free) and,
 	// for EventRejected, the highest token the guard had accepted.
 	Current uint64
+	// Guard names, for EventRejected, the guard that reported it.
+	Guard string
 }
 
 func eventFrom(e *fencev1.WatchEvent) Event {
@@ -71,6 +73,7 @@ func eventFrom(e *fencev1.WatchEvent) Event {
 		LeaseIDPrefix: e.LeaseIdPrefix,
 		TTL:           e.Ttl.AsDuration(),
 		Current:       e.CurrentToken,
+		Guard:         e.Guard,
 	}
 	if ev.Kind == "" {
 		ev.Kind = EventKind(fmt.Sprintf("unknown(%d)", e.Kind))

@@ -26,6 +26,7 @@ type eventJSON struct {
 	TTLMs         int64  `json:"ttl_ms,omitempty"`
 	Time          string `json:"time,omitempty"`
 	CurrentToken  uint64 `json:"current_token,omitempty"`
+	Guard         string `json:"guard,omitempty"`
 }
 
 func eventOut(e client.Event) eventJSON {
@@ -39,6 +40,7 @@ func eventOut(e client.Event) eventJSON {
 		LeaseIDPrefix: e.LeaseIDPrefix,
 		TTLMs:         e.TTL.Milliseconds(),
 		CurrentToken:  e.Current,
+		Guard:         e.Guard,
 	}
 	if !e.Time.IsZero() {
 		out.Time = e.Time.UTC().Format(time.RFC3339Nano)
@@ -66,7 +68,7 @@ func eventText(e client.Event) string {
 	case client.EventLost:
 		fmt.Fprintf(&b, "  current token %d", e.Current)
 	case client.EventRejected:
-		fmt.Fprintf(&b, "  highest accepted %d", e.Current)
+		fmt.Fprintf(&b, "  highest accepted %d  guard %q", e.Current, e.Guard)
 	}
 	if e.Position != 0 {
 		fmt.Fprintf(&b, "  position %d", e.Position)
@@ -104,9 +106,9 @@ state must be read again (fencectl list, or watch --held).
 
 With -o json it prints one JSON object per event, one per line:
 {"position", "kind", "scope", "token", "token_text", "holder",
-"lease_id_prefix", "ttl_ms", "time", "current_token"}. The lease ID is shown
-by its first 8 hexadecimal digits only: enough to tell leases apart, not
-enough to renew or release them.`,
+"lease_id_prefix", "ttl_ms", "time", "current_token", "guard"}. The lease
+ID is shown by its first 8 hexadecimal digits only: enough to tell leases
+apart, not enough to renew or release them.`,
 		Example: `  fencectl watch
   fencectl watch orders/ --held
   fencectl watch -o json | jq -c 'select(.kind == "expired")'

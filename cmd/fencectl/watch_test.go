@@ -22,6 +22,7 @@ type eventOutput struct {
 	TTLMs         int64  `json:"ttl_ms"`
 	Time          string `json:"time"`
 	CurrentToken  uint64 `json:"current_token"`
+	Guard         string `json:"guard"`
 }
 
 // watcher is a running "fencectl watch" whose output is read line by line.

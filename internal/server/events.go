@@ -45,6 +45,7 @@ type leaseEvent struct {
 	// Current is, for lost, the scope's current token (0 if free) and, for
 	// rejected, the highest token the guard had accepted.
 	Current uint64
+	Guard   string // for rejected: the guard that reported it
 }
 
 // fromFSM converts an applied transition; cancelled waiters are not lease

@@ -30,6 +30,9 @@ type metrics struct {
 
 	grants, renewals, releases, expirations, losses, transitions prometheus.Counter
 
+	rejections, rejectionsDropped prometheus.Counter
+	tokenGap                      prometheus.Histogram
+
 	waits       prometheus.Counter
 	waiting     prometheus.Gauge
 	waitSeconds *prometheus.HistogramVec
@@ -50,6 +53,13 @@ func newMetrics(s *Server) *metrics {
 	m.expirations = counter("fence_lease_expirations_total", "Leases expired by the leader because their holder stopped renewing.")
 	m.losses = counter("fence_lease_losses_total", "Renewals answered lost: the lease had expired, was being expired or was superseded.")
 	m.transitions = counter("fence_lease_transitions_total", "Grants of a scope to a holder other than the one of its previous grant.")
+	m.rejections = counter("fence_stale_rejections_reported_total", "Writes that guards refused as stale and reported: their holder kept writing after losing its lease.")
+	m.rejectionsDropped = counter("fence_stale_rejections_dropped_total", "Stale rejections that guards could not report (their buffer was full) and counted instead.")
+	m.tokenGap = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "fence_stale_token_gap",
+		Help:    "For each reported stale rejection, the highest token the guard had accepted minus the token presented: how many grants behind the stale writer was.",
+		Buckets: []float64{0, 1, 2, 3, 5, 10, 100, 1000},
+	})
 	m.waits = counter("fence_acquire_waits_total", "Acquires that queued behind a held lease.")
 	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Name: "fence_acquire_waiting", Help: "Acquires waiting in line now."})
 	m.waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -76,6 +86,7 @@ func newMetrics(s *Server) *metrics {
 	}, func() float64 { return bool01(s.ready.Load()) })
 	m.reg.MustRegister(
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
+		m.rejections, m.rejectionsDropped, m.tokenGap,
 		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, held, ready,
 		raftCollector{s},
 		collectors.NewGoCollector(),
@@ -113,6 +124,12 @@ func (m *metrics) event(e leaseEvent) {
 	case kindLost:
 		m.losses.Inc()
 	}
+}
+
+// rejected counts a reported stale rejection.
+func (m *metrics) rejected(r rejection) {
+	m.rejections.Inc()
+	m.tokenGap.Observe(float64(r.Highest - r.Presented))
 }
 
 // queued counts an acquire that starts waiting in line and returns the

@@ -36,6 +36,7 @@ type Server struct {
 	ready     atomic.Bool // leader with a complete state: serving
 	metrics   *metrics    // metrics.go
 	events    *eventRing  // ring.go: recent lease events, for watchers
+	rejected  *rejectionLog
 
 	http   *http.Server
 	ln     net.Listener
@@ -66,6 +67,7 @@ func Start(cfg Config) (*Server, error) {
 	s.proxy = s.newProxy()
 	s.metrics = newMetrics(s)
 	s.events = newEventRing(ringSize)
+	s.rejected = newRejectionLog()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)

@@ -113,6 +113,7 @@ func watchEvent(e leaseEvent) *fencev1.WatchEvent {
 		LeaseIdPrefix: leaseIDPrefix(e.LeaseID),
 		Time:          timestamppb.New(e.At),
 		CurrentToken:  e.Current,
+		Guard:         e.Guard,
 	}
 	if e.TTL > 0 {
 		w.Ttl = durationpb.New(e.TTL)

@@ -905,7 +905,9 @@ type WatchEvent struct {
 	Time *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=time,proto3" json:"time,omitempty"`
 	// For LOST: the scope's current token, 0 if free. For REJECTED: the
 	// highest token the guard had accepted.
-	CurrentToken  uint64 `protobuf:"varint,9,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
+	CurrentToken uint64 `protobuf:"varint,9,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
+	// For REJECTED: the guard that reported it.
+	Guard         string `protobuf:"bytes,10,opt,name=guard,proto3" json:"guard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1003,6 +1005,186 @@ func (x *WatchEvent) GetCurrentToken() uint64 {
 	return 0
 }
 
+func (x *WatchEvent) GetGuard() string {
+	if x != nil {
+		return x.Guard
+	}
+	return ""
+}
+
+type ReportRejectionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names the guarded resource for people, such as "orders-db": 1 to 128
+	// bytes of UTF-8.
+	Guard string `protobuf:"bytes,1,opt,name=guard,proto3" json:"guard,omitempty"`
+	// At most 1000.
+	Rejections []*Rejection `protobuf:"bytes,2,rep,name=rejections,proto3" json:"rejections,omitempty"`
+	// How many rejections the guard dropped since its last report, because
+	// it could not send them fast enough.
+	Dropped       uint64 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportRejectionsRequest) Reset() {
+	*x = ReportRejectionsRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportRejectionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportRejectionsRequest) ProtoMessage() {}
+
+func (x *ReportRejectionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportRejectionsRequest.ProtoReflect.Descriptor instead.
+func (*ReportRejectionsRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReportRejectionsRequest) GetGuard() string {
+	if x != nil {
+		return x.Guard
+	}
+	return ""
+}
+
+func (x *ReportRejectionsRequest) GetRejections() []*Rejection {
+	if x != nil {
+		return x.Rejections
+	}
+	return nil
+}
+
+func (x *ReportRejectionsRequest) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+// Rejection is one write a guard refused as stale.
+type Rejection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Scope string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// The token the write presented.
+	PresentedToken uint64 `protobuf:"varint,2,opt,name=presented_token,json=presentedToken,proto3" json:"presented_token,omitempty"`
+	// The highest token the guard had accepted for the scope.
+	HighestToken uint64 `protobuf:"varint,3,opt,name=highest_token,json=highestToken,proto3" json:"highest_token,omitempty"`
+	// When the guard refused the write; unset means when it is received.
+	Time          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rejection) Reset() {
+	*x = Rejection{}
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rejection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rejection) ProtoMessage() {}
+
+func (x *Rejection) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
+func (*Rejection) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Rejection) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *Rejection) GetPresentedToken() uint64 {
+	if x != nil {
+		return x.PresentedToken
+	}
+	return 0
+}
+
+func (x *Rejection) GetHighestToken() uint64 {
+	if x != nil {
+		return x.HighestToken
+	}
+	return 0
+}
+
+func (x *Rejection) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+type ReportRejectionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportRejectionsResponse) Reset() {
+	*x = ReportRejectionsResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportRejectionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportRejectionsResponse) ProtoMessage() {}
+
+func (x *ReportRejectionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportRejectionsResponse.ProtoReflect.Descriptor instead.
+func (*ReportRejectionsResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+}
+
 // LeaseConflict is the detail of ABORTED (the scope is held) and
 // FAILED_PRECONDITION (the lease is no longer current) errors.
 type LeaseConflict struct {
@@ -1022,7 +1204,7 @@ type LeaseConflict struct {
 
 func (x *LeaseConflict) Reset() {
 	*x = LeaseConflict{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1216,7 @@ func (x *LeaseConflict) String() string {
 func (*LeaseConflict) ProtoMessage() {}
 
 func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1229,7 @@ func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConflict.ProtoReflect.Descriptor instead.
 func (*LeaseConflict) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseConflict) GetScope() string {
@@ -1103,7 +1285,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1297,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1310,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -1205,7 +1387,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\finclude_held\x18\x03 \x01(\bR\vincludeHeld\"b\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.fence.v1.WatchEventR\x06events\x12#\n" +
-	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\"\xbf\x02\n" +
+	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\"\xd5\x02\n" +
 	"\n" +
 	"WatchEvent\x12\x1a\n" +
 	"\bposition\x18\x01 \x01(\x04R\bposition\x12'\n" +
@@ -1216,7 +1398,21 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x0flease_id_prefix\x18\x06 \x01(\tR\rleaseIdPrefix\x12+\n" +
 	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12.\n" +
 	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12#\n" +
-	"\rcurrent_token\x18\t \x01(\x04R\fcurrentToken\"\xc4\x01\n" +
+	"\rcurrent_token\x18\t \x01(\x04R\fcurrentToken\x12\x14\n" +
+	"\x05guard\x18\n" +
+	" \x01(\tR\x05guard\"~\n" +
+	"\x17ReportRejectionsRequest\x12\x14\n" +
+	"\x05guard\x18\x01 \x01(\tR\x05guard\x123\n" +
+	"\n" +
+	"rejections\x18\x02 \x03(\v2\x13.fence.v1.RejectionR\n" +
+	"rejections\x12\x18\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\"\x9f\x01\n" +
+	"\tRejection\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12'\n" +
+	"\x0fpresented_token\x18\x02 \x01(\x04R\x0epresentedToken\x12#\n" +
+	"\rhighest_token\x18\x03 \x01(\x04R\fhighestToken\x12.\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x1a\n" +
+	"\x18ReportRejectionsResponse\"\xc4\x01\n" +
 	"\rLeaseConflict\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
@@ -1237,14 +1433,15 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12EVENT_KIND_EXPIRED\x10\x04\x12\x13\n" +
 	"\x0fEVENT_KIND_LOST\x10\x05\x12\x17\n" +
 	"\x13EVENT_KIND_REJECTED\x10\x06\x12\x13\n" +
-	"\x0fEVENT_KIND_HELD\x10\a2\xfe\x02\n" +
+	"\x0fEVENT_KIND_HELD\x10\a2\xd9\x03\n" +
 	"\fLeaseService\x12>\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\x128\n" +
 	"\x05Renew\x12\x16.fence.v1.RenewRequest\x1a\x17.fence.v1.RenewResponse\x12>\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\x127\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x03\x90\x02\x01\x12?\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x03\x90\x02\x010\x01B1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x03\x90\x02\x010\x01\x12Y\n" +
+	"\x10ReportRejections\x12!.fence.v1.ReportRejectionsRequest\x1a\".fence.v1.ReportRejectionsResponseB1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -1259,59 +1456,66 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_fence_v1_fence_proto_goTypes = []any{
-	(EventKind)(0),                // 0: fence.v1.EventKind
-	(*Lease)(nil),                 // 1: fence.v1.Lease
-	(*AcquireRequest)(nil),        // 2: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 3: fence.v1.AcquireResponse
-	(*RenewRequest)(nil),          // 4: fence.v1.RenewRequest
-	(*RenewResponse)(nil),         // 5: fence.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 6: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 7: fence.v1.ReleaseResponse
-	(*GetRequest)(nil),            // 8: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 9: fence.v1.GetResponse
-	(*ListRequest)(nil),           // 10: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 11: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 12: fence.v1.WatchRequest
-	(*WatchResponse)(nil),         // 13: fence.v1.WatchResponse
-	(*WatchEvent)(nil),            // 14: fence.v1.WatchEvent
-	(*LeaseConflict)(nil),         // 15: fence.v1.LeaseConflict
-	(*FieldViolation)(nil),        // 16: fence.v1.FieldViolation
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(EventKind)(0),                   // 0: fence.v1.EventKind
+	(*Lease)(nil),                    // 1: fence.v1.Lease
+	(*AcquireRequest)(nil),           // 2: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),          // 3: fence.v1.AcquireResponse
+	(*RenewRequest)(nil),             // 4: fence.v1.RenewRequest
+	(*RenewResponse)(nil),            // 5: fence.v1.RenewResponse
+	(*ReleaseRequest)(nil),           // 6: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 7: fence.v1.ReleaseResponse
+	(*GetRequest)(nil),               // 8: fence.v1.GetRequest
+	(*GetResponse)(nil),              // 9: fence.v1.GetResponse
+	(*ListRequest)(nil),              // 10: fence.v1.ListRequest
+	(*ListResponse)(nil),             // 11: fence.v1.ListResponse
+	(*WatchRequest)(nil),             // 12: fence.v1.WatchRequest
+	(*WatchResponse)(nil),            // 13: fence.v1.WatchResponse
+	(*WatchEvent)(nil),               // 14: fence.v1.WatchEvent
+	(*ReportRejectionsRequest)(nil),  // 15: fence.v1.ReportRejectionsRequest
+	(*Rejection)(nil),                // 16: fence.v1.Rejection
+	(*ReportRejectionsResponse)(nil), // 17: fence.v1.ReportRejectionsResponse
+	(*LeaseConflict)(nil),            // 18: fence.v1.LeaseConflict
+	(*FieldViolation)(nil),           // 19: fence.v1.FieldViolation
+	(*durationpb.Duration)(nil),      // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	17, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	17, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
-	18, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	17, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	20, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	20, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
+	21, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	20, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 4: fence.v1.AcquireResponse.lease:type_name -> fence.v1.Lease
 	1,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
 	1,  // 6: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
 	1,  // 7: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
 	14, // 8: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
 	0,  // 9: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
-	17, // 10: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
-	18, // 11: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
-	17, // 12: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
-	2,  // 13: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
-	4,  // 14: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
-	6,  // 15: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
-	8,  // 16: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
-	10, // 17: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
-	12, // 18: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
-	3,  // 19: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
-	5,  // 20: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
-	7,  // 21: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
-	9,  // 22: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
-	11, // 23: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
-	13, // 24: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	20, // 10: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
+	21, // 11: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
+	16, // 12: fence.v1.ReportRejectionsRequest.rejections:type_name -> fence.v1.Rejection
+	21, // 13: fence.v1.Rejection.time:type_name -> google.protobuf.Timestamp
+	20, // 14: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
+	2,  // 15: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
+	4,  // 16: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
+	6,  // 17: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
+	8,  // 18: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
+	10, // 19: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
+	12, // 20: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
+	15, // 21: fence.v1.LeaseService.ReportRejections:input_type -> fence.v1.ReportRejectionsRequest
+	3,  // 22: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
+	5,  // 23: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
+	7,  // 24: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
+	9,  // 25: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
+	11, // 26: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
+	13, // 27: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
+	17, // 28: fence.v1.LeaseService.ReportRejections:output_type -> fence.v1.ReportRejectionsResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -1325,7 +1529,7 @@ func file_fence_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,9 @@ const (
 	LeaseServiceListProcedure = "/fence.v1.LeaseService/List"
 	// LeaseServiceWatchProcedure is the fully-qualified name of the LeaseService's Watch RPC.
 	LeaseServiceWatchProcedure = "/fence.v1.LeaseService/Watch"
+	// LeaseServiceReportRejectionsProcedure is the fully-qualified name of the LeaseService's
+	// ReportRejections RPC.
+	LeaseServiceReportRejectionsProcedure = "/fence.v1.LeaseService/ReportRejections"
 )
 
 // LeaseServiceClient is a client for the fence.v1.LeaseService service.
@@ -79,6 +82,12 @@ type LeaseServiceClient interface {
 	// watch from now. Followers forward the stream to the leader; it ends
 	// with UNAVAILABLE when the leader steps down.
 	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error)
+	// ReportRejections records writes that a guard refused as stale, so that
+	// one place shows which holders kept writing after losing their lease:
+	// fenced's status page, its metrics and Watch (as EVENT_KIND_REJECTED).
+	// Guards send them in batches, off their write path. The leader keeps
+	// recent ones in memory only.
+	ReportRejections(context.Context, *connect.Request[v1.ReportRejectionsRequest]) (*connect.Response[v1.ReportRejectionsResponse], error)
 }
 
 // NewLeaseServiceClient constructs a client for the fence.v1.LeaseService service. By default, it
@@ -131,17 +140,24 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		reportRejections: connect.NewClient[v1.ReportRejectionsRequest, v1.ReportRejectionsResponse](
+			httpClient,
+			baseURL+LeaseServiceReportRejectionsProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("ReportRejections")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // leaseServiceClient implements LeaseServiceClient.
 type leaseServiceClient struct {
-	acquire *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
-	renew   *connect.Client[v1.RenewRequest, v1.RenewResponse]
-	release *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	get     *connect.Client[v1.GetRequest, v1.GetResponse]
-	list    *connect.Client[v1.ListRequest, v1.ListResponse]
-	watch   *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	acquire          *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
+	renew            *connect.Client[v1.RenewRequest, v1.RenewResponse]
+	release          *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	get              *connect.Client[v1.GetRequest, v1.GetResponse]
+	list             *connect.Client[v1.ListRequest, v1.ListResponse]
+	watch            *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	reportRejections *connect.Client[v1.ReportRejectionsRequest, v1.ReportRejectionsResponse]
 }
 
 // Acquire calls fence.v1.LeaseService.Acquire.
@@ -174,6 +190,11 @@ func (c *leaseServiceClient) Watch(ctx context.Context, req *connect.Request[v1.
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// ReportRejections calls fence.v1.LeaseService.ReportRejections.
+func (c *leaseServiceClient) ReportRejections(ctx context.Context, req *connect.Request[v1.ReportRejectionsRequest]) (*connect.Response[v1.ReportRejectionsResponse], error) {
+	return c.reportRejections.CallUnary(ctx, req)
+}
+
 // LeaseServiceHandler is an implementation of the fence.v1.LeaseService service.
 type LeaseServiceHandler interface {
 	// Acquire grants a lease on a free scope with the next token. A held scope
@@ -202,6 +223,12 @@ type LeaseServiceHandler interface {
 	// watch from now. Followers forward the stream to the leader; it ends
 	// with UNAVAILABLE when the leader steps down.
 	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error
+	// ReportRejections records writes that a guard refused as stale, so that
+	// one place shows which holders kept writing after losing their lease:
+	// fenced's status page, its metrics and Watch (as EVENT_KIND_REJECTED).
+	// Guards send them in batches, off their write path. The leader keeps
+	// recent ones in memory only.
+	ReportRejections(context.Context, *connect.Request[v1.ReportRejectionsRequest]) (*connect.Response[v1.ReportRejectionsResponse], error)
 }
 
 // NewLeaseServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -250,6 +277,12 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceReportRejectionsHandler := connect.NewUnaryHandler(
+		LeaseServiceReportRejectionsProcedure,
+		svc.ReportRejections,
+		connect.WithSchema(leaseServiceMethods.ByName("ReportRejections")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.LeaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LeaseServiceAcquireProcedure:
@@ -264,6 +297,8 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceListHandler.ServeHTTP(w, r)
 		case LeaseServiceWatchProcedure:
 			leaseServiceWatchHandler.ServeHTTP(w, r)
+		case LeaseServiceReportRejectionsProcedure:
+			leaseServiceReportRejectionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -295,4 +330,8 @@ func (UnimplementedLeaseServiceHandler) List(context.Context, *connect.Request[v
 
 func (UnimplementedLeaseServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.Watch is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) ReportRejections(context.Context, *connect.Request[v1.ReportRejectionsRequest]) (*connect.Response[v1.ReportRejectionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.ReportRejections is not implemented"))
 }
