@@ -1,0 +1,73 @@
+package grpcguard_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/grpcguard"
+	"github.com/fence-dev/fence/signing"
+)
+
+// forgeries returns what a verifying guard of genuine's scope must refuse:
+// an unsigned token of 2^63−1, genuine inflated to it, a token of it signed
+// by another key, genuine re-labelled for scope other, and a genuine token
+// of key for other.
+func forgeries(key signing.PrivateKey, genuine fence.Token, other string) map[string]fence.Token {
+	inflated, relabelled := genuine, genuine
+	inflated.Value = fence.MaxToken
+	relabelled.Scope = other
+	return map[string]fence.Token{
+		"unsigned":              {Scope: genuine.Scope, Value: fence.MaxToken},
+		"inflated":              inflated,
+		"signed by another key": signing.NewKey(time.Now()).Sign(fence.Token{Scope: genuine.Scope, Value: fence.MaxToken, LeaseID: genuine.LeaseID}),
+		"re-labelled":           relabelled,
+		"of another scope":      key.Sign(fence.Token{Scope: other, Value: fence.MaxToken, LeaseID: fence.NewLeaseID()}),
+	}
+}
+
+// TestVerifierKeepsMark: the server interceptor over a guard with a
+// verifier passes a token the key signed, and answers InvalidArgument to
+// an unsigned, inflated, forged or foreign token, without running the
+// handler or moving the mark.
+func TestVerifierKeepsMark(t *testing.T) {
+	key := signing.NewKey(time.Now())
+	store := guard.NewMemoryStore()
+	g := guard.New(store, guard.WithVerifier(signing.NewKeySet(key.Public())), guard.WithLogger(slog.New(slog.DiscardHandler)))
+	reg := &register{value: map[string]string{}, log: map[string][]uint64{}}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcguard.UnaryServerInterceptor(g, grpcguard.Methods("orders", unaryMethod))))
+	testgrpc.RegisterTestServiceServer(srv, reg)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	defer srv.Stop()
+	c := dial(t, lis.Addr().String())
+	write := func(tok fence.Token) error {
+		return put(metadata.AppendToOutgoingContext(context.Background(), grpcguard.TokenKey, tok.String()), c, "x")
+	}
+
+	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5, LeaseID: fence.NewLeaseID()})
+	if err := write(genuine); err != nil || reg.calls.Load() != 1 || store.Highest("orders").Token != 5 {
+		t.Fatalf("genuine token: %v, handler ran %d times, mark %d; want accepted, once, 5", err, reg.calls.Load(), store.Highest("orders").Token)
+	}
+	for name, tok := range forgeries(key, genuine, "billing") {
+		if err := write(tok); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s token: %v, want InvalidArgument", name, err)
+		}
+		if m := store.Highest("orders"); m.Token != 5 || reg.calls.Load() != 1 {
+			t.Fatalf("after the %s token the mark is %d and the handler ran %d times, want 5 and once", name, m.Token, reg.calls.Load())
+		}
+	}
+}
