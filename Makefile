@@ -3,6 +3,9 @@ SHELL := bash
 GO ?= go
 TOOL := $(GO) tool -modfile=tools/go.mod
 FUZZTIME ?= 20s
+# Minimizing a new interesting input may take 60s by default, which would
+# spend a short FUZZTIME on minimizing instead of fuzzing.
+FUZZMINTIME ?= 5s
 VERIFY_TIME ?= 10m
 
 .DEFAULT_GOAL := help
@@ -39,10 +42,11 @@ lint: ## gofmt, go vet, staticcheck and buf lint
 	$(TOOL) buf lint
 
 .PHONY: fuzz
-fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
-	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+fuzz: ## run every fuzz target for FUZZTIME each (default 20s); a package that does not build fails it
+	@set -e; pkgs=$$($(GO) list ./...); for pkg in $$pkgs; do \
+	  list=$$($(GO) test -list '^Fuzz' $$pkg) || { echo "$$list"; echo "fuzz: cannot list the fuzz targets of $$pkg"; exit 1; }; \
+	  for f in $$(echo "$$list" | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINTIME) $$pkg; \
 	  done; \
 	done
 

@@ -153,6 +153,12 @@ func (m *middleware) write(r *http.Request) (guard.Write, error) {
 		return guard.Write{}, fmt.Errorf("%s header: %w", m.header, err)
 	}
 	w := guard.Write{Token: tok}
+	seqs := r.Header.Values(SequenceHeader)
+	if len(seqs) > 1 {
+		// Like the token, and unlike Header.Get, which would take the
+		// first: a proxy in front may read another one.
+		return guard.Write{}, fmt.Errorf("%d %s headers: want at most one", len(seqs), SequenceHeader)
+	}
 	if s := r.Header.Get(SequenceHeader); s != "" {
 		seq, err := strconv.ParseUint(s, 10, 64)
 		if err != nil || seq == 0 {
