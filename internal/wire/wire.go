@@ -33,7 +33,6 @@ var codes = []struct {
 	{fence.ErrTokensExhausted, connect.CodeResourceExhausted},
 	{fence.ErrUnavailable, connect.CodeUnavailable},
 	{fence.ErrMissedEvents, connect.CodeOutOfRange},
-	{fence.ErrMissedEvents, connect.CodeOutOfRange},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }
@@ -109,6 +108,13 @@ func FromConnect(err error) error {
 			return &fence.HeldError{Scope: conflict.Scope, Holder: conflict.Holder, Token: conflict.Token, ExpiresIn: conflict.ExpiresIn.AsDuration()}
 		}
 		return withSentinel(fence.ErrHeld, msg)
+	case connect.CodeResourceExhausted:
+		// Connect's own limits (a request above the size limit) share the
+		// code of an exhausted counter; only the service's answer, which
+		// names the sentinel, is about tokens.
+		if !strings.Contains(msg, fence.ErrTokensExhausted.Error()) {
+			return err
+		}
 	case connect.CodeFailedPrecondition:
 		if conflict != nil {
 			return &fence.LostError{Scope: conflict.Scope, Token: conflict.LostToken, Current: conflict.Token, Reason: cmp.Or(conflict.Reason, "no longer the current lease")}
