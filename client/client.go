@@ -60,24 +60,60 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.tls != nil {
+		for i, b := range bases {
+			bases[i] = strings.Replace(b, "http://", "https://", 1)
+		}
+	}
 	h := cfg.httpClient
 	if h == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.Protocols = new(http.Protocols)
-		t.Protocols.SetUnencryptedHTTP2(true)
+		if cfg.tls != nil {
+			t.TLSClientConfig = cfg.tls.Clone()
+			t.Protocols.SetHTTP2(true)
+		} else {
+			t.Protocols.SetUnencryptedHTTP2(true)
+		}
 		// Pings notice a node that stopped answering (paused, cut off)
 		// within seconds, so the call fails over instead of hanging.
 		t.HTTP2 = &http.HTTP2Config{SendPingTimeout: 2 * time.Second, PingTimeout: 2 * time.Second}
 		h = &http.Client{Transport: t}
 	}
 	c := &Client{http: h, cfg: cfg}
+	var copts []connect.ClientOption
+	if cfg.bearer != "" {
+		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+cfg.bearer)))
+	}
 	for _, base := range bases {
 		c.nodes = append(c.nodes, node{
-			lease:   fencev1connect.NewLeaseServiceClient(h, base),
-			cluster: fencev1connect.NewClusterServiceClient(h, base),
+			lease:   fencev1connect.NewLeaseServiceClient(h, base, copts...),
+			cluster: fencev1connect.NewClusterServiceClient(h, base, copts...),
 		})
 	}
 	return c, nil
+}
+
+// bearer adds an Authorization header to every call.
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // baseURLs parses New's address list. Duplicates are refused: a node

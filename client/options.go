@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"net/http"
 	"time"
 )
@@ -20,6 +21,8 @@ type BothOption interface {
 
 type config struct {
 	httpClient   *http.Client
+	tls          *tls.Config
+	bearer       string
 	retryTimeout time.Duration
 	acquire      acquireConfig // defaults for every acquire
 }
@@ -35,6 +38,18 @@ type acquireConfig struct {
 // WithHTTPClient makes the client use h for its calls, to every address.
 // The default speaks HTTP/2 without TLS (h2c) to the service.
 func WithHTTPClient(h *http.Client) Option { return optionFunc(func(c *config) { c.httpClient = h }) }
+
+// WithTLS makes the client speak HTTPS (HTTP/2 over TLS) with c: its
+// RootCAs verify the service, its Certificates identify the client to a
+// service that requires client certificates. Addresses without a scheme
+// then mean https://. Ignored with WithHTTPClient.
+func WithTLS(c *tls.Config) Option { return optionFunc(func(cfg *config) { cfg.tls = c }) }
+
+// WithBearerToken sends token as "Authorization: Bearer" with every call,
+// for a service whose auth file names it.
+func WithBearerToken(token string) Option {
+	return optionFunc(func(cfg *config) { cfg.bearer = token })
+}
 
 // WithRetryTimeout bounds how long a call keeps retrying while the service
 // is unreachable or has no leader (default 10s). It is one budget for the

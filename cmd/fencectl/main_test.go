@@ -64,8 +64,9 @@ const maxTTL = time.Minute
 
 // startFenced runs fenced on a free loopback port with its data in a
 // temporary directory, waits until it answers, and kills it when the test
-// ends.
-func startFenced(t *testing.T) *fenced {
+// ends. Its tokens are unsigned, so tests can spell them out; extra flags
+// (such as --sign-tokens=true) come after and win.
+func startFenced(t *testing.T, extra ...string) *fenced {
 	t.Helper()
 	addr := freeAddr(t)
 	logPath := filepath.Join(t.TempDir(), "fenced.log")
@@ -74,7 +75,7 @@ func startFenced(t *testing.T) *fenced {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(fencedBin, "--data-dir", t.TempDir(), "--listen", addr, "--max-ttl", maxTTL.String())
+	cmd := exec.Command(fencedBin, append([]string{"--data-dir", t.TempDir(), "--listen", addr, "--max-ttl", maxTTL.String(), "--sign-tokens=false"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

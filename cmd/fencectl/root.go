@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +69,7 @@ Exit status:
   127  the command was not found
 
 Environment:
+  FENCE_CA, FENCE_CERT, FENCE_KEY, FENCE_AUTH_TOKEN  as --ca, --cert, --key, --auth-token
   FENCE_ADDR  the service's address, when --addr is not given: one
               host:port, or a cluster's nodes comma-separated, such as
               10.0.0.1:7481,10.0.0.2:7481,10.0.0.3:7481. Calls go to the
@@ -96,7 +99,8 @@ type app struct {
 
 	addr    string // --addr
 	output  string // --output: "text" or "json"
-	started bool   // a command's RunE began: its errors are not usage errors
+	tls     tlsFlags
+	started bool // a command's RunE began: its errors are not usage errors
 }
 
 // execute runs fencectl with args and returns its exit status.
@@ -139,6 +143,10 @@ func (a *app) newRootCmd() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", addr, "the fenced service's host:port or http:// URL, or a cluster's, comma-separated (env FENCE_ADDR)")
 	pf.StringVarP(&a.output, "output", "o", "text", "output format: text (for people) or json (one object on stdout, for scripts)")
+	pf.StringVar(&a.tls.ca, "ca", os.Getenv("FENCE_CA"), "PEM CA that signed the service's certificate: talk TLS (env FENCE_CA)")
+	pf.StringVar(&a.tls.cert, "cert", os.Getenv("FENCE_CERT"), "PEM client certificate, for a service that checks them (env FENCE_CERT)")
+	pf.StringVar(&a.tls.key, "key", os.Getenv("FENCE_KEY"), "PEM private key of --cert (env FENCE_KEY)")
+	pf.StringVar(&a.tls.bearer, "auth-token", os.Getenv("FENCE_AUTH_TOKEN"), "bearer token, for a service with an auth file (env FENCE_AUTH_TOKEN)")
 
 	root.AddCommand(
 		a.newAcquireCmd(),
@@ -166,11 +174,59 @@ func (a *app) run(f func(cmd *cobra.Command, args []string) error) func(*cobra.C
 
 // client returns a client of --addr, which may list several nodes.
 func (a *app) client() (*client.Client, error) {
-	c, err := client.New(a.addr)
+	opts, err := a.tls.options()
+	if err != nil {
+		return nil, usage(err)
+	}
+	c, err := client.New(a.addr, opts...)
 	if err != nil {
 		return nil, usageErrorf("--addr: %v", err)
 	}
 	return c, nil
+}
+
+// tlsFlags are the transport security and credential flags.
+type tlsFlags struct{ ca, cert, key, bearer string }
+
+func (f tlsFlags) options() ([]client.Option, error) {
+	var opts []client.Option
+	if f.bearer != "" {
+		opts = append(opts, client.WithBearerToken(f.bearer))
+	}
+	tc, err := f.config()
+	if tc != nil {
+		opts = append(opts, client.WithTLS(tc))
+	}
+	return opts, err
+}
+
+// config is the TLS configuration the flags ask for; nil for none.
+func (f tlsFlags) config() (*tls.Config, error) {
+	if f.ca == "" && f.cert == "" && f.key == "" {
+		return nil, nil
+	}
+	if (f.cert == "") != (f.key == "") {
+		return nil, errors.New("--cert and --key go together")
+	}
+	tc := &tls.Config{}
+	if f.ca != "" {
+		b, err := os.ReadFile(f.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--ca %s: no PEM certificate in it", f.ca)
+		}
+	}
+	if f.cert != "" {
+		c, err := tls.LoadX509KeyPair(f.cert, f.key)
+		if err != nil {
+			return nil, fmt.Errorf("--cert/--key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
 }
 
 // usageError is a mistake in the command line: exit status 2.

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -55,7 +58,7 @@ lease; whether it is still the newest is for the guard to decide.`,
 			if keysFile != "" {
 				keys, err = signing.Load(keysFile)
 			} else {
-				keys, err = signing.Fetch(cmd.Context(), nil, a.addr)
+				keys, err = a.fetchKeys(cmd.Context())
 			}
 			if err != nil {
 				return err
@@ -97,4 +100,24 @@ pick up the new key by themselves when they first meet it.`,
 			})
 		}),
 	}
+}
+
+// fetchKeys gets the service's public keys from --addr, over TLS when the
+// TLS flags ask for it.
+func (a *app) fetchKeys(ctx context.Context) (*signing.KeySet, error) {
+	tc, err := a.tls.config()
+	if err != nil {
+		return nil, usage(err)
+	}
+	if tc == nil {
+		return signing.Fetch(ctx, nil, a.addr)
+	}
+	var urls []string
+	for addr := range strings.SplitSeq(a.addr, ",") {
+		if addr = strings.TrimSpace(addr); !strings.Contains(addr, "://") {
+			addr = "https://" + addr
+		}
+		urls = append(urls, addr)
+	}
+	return signing.Fetch(ctx, &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}, strings.Join(urls, ","))
 }

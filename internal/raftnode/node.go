@@ -11,6 +11,7 @@ package raftnode
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,9 @@ type Config struct {
 	RaftListen string
 	// RaftAdvertise is the address peers dial; defaults to RaftListen.
 	RaftAdvertise string
+	// TLS, when set, runs Raft over mutual TLS: Certificates is this node's
+	// certificate, RootCAs the CA every node's certificate must chain to.
+	TLS *tls.Config
 	// Bootstrap makes a node with an empty data directory a one-voter
 	// cluster. Without it, a TCP node with no state waits to be added by
 	// the leader. A node without RaftListen always bootstraps.
@@ -143,7 +147,7 @@ func Open(cfg Config) (*Node, error) {
 		trans, n.trans = t, t
 		cfg.Bootstrap = true
 	} else {
-		layer, err := listen(cfg.RaftListen, cmp.Or(cfg.RaftAdvertise, cfg.RaftListen))
+		layer, err := listen(cfg.RaftListen, cmp.Or(cfg.RaftAdvertise, cfg.RaftListen), cfg.TLS)
 		if err != nil {
 			store.Close()
 			return nil, err

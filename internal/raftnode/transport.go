@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"time"
@@ -16,9 +17,10 @@ type tcpLayer struct {
 	net.Listener
 	advertise net.Addr
 	local     *net.TCPAddr // nil: let the kernel choose
+	tls       *tls.Config  // nil: plain TCP
 }
 
-func listen(bind, advertise string) (*tcpLayer, error) {
+func listen(bind, advertise string, tc *tls.Config) (*tcpLayer, error) {
 	adv, err := net.ResolveTCPAddr("tcp", advertise)
 	if err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: %w", advertise, err)
@@ -30,7 +32,15 @@ func listen(bind, advertise string) (*tcpLayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raft listen: %w", err)
 	}
-	l := &tcpLayer{Listener: ln, advertise: adv}
+	l := &tcpLayer{Listener: ln, advertise: adv, tls: tc}
+	if tc != nil {
+		// Both ends prove they hold a certificate of the cluster's CA: a
+		// stranger can neither join the Raft traffic nor pose as a node.
+		server := tc.Clone()
+		server.ClientAuth = tls.RequireAndVerifyClientCert
+		server.ClientCAs = tc.RootCAs
+		l.Listener = tls.NewListener(ln, server)
+	}
 	if a := ln.Addr().(*net.TCPAddr); !a.IP.IsUnspecified() {
 		l.local = &net.TCPAddr{IP: a.IP}
 	}
@@ -46,6 +56,9 @@ func (l *tcpLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 	d := net.Dialer{Timeout: timeout}
 	if l.local != nil {
 		d.LocalAddr = l.local
+	}
+	if l.tls != nil {
+		return (&tls.Dialer{NetDialer: &d, Config: l.tls}).Dial("tcp", string(addr))
 	}
 	return d.Dial("tcp", string(addr))
 }

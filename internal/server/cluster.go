@@ -48,21 +48,21 @@ type leaderKey struct{}
 // newProxy returns the reverse proxy that carries requests to the leader.
 // It forwards whole HTTP requests, so every protocol the API speaks (gRPC,
 // Connect, JSON) and every RPC go through one path.
-func (s *Server) newProxy() *httputil.ReverseProxy {
+func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Scheme = s.cfg.TLS.scheme()
 			pr.Out.URL.Host = pr.In.Context().Value(leaderKey{}).(string)
 			pr.Out.Header.Set(forwardedHeader, s.cfg.NodeID)
 		},
-		Transport:     h2c(),
+		Transport:     transport,
 		FlushInterval: -1, // stream answers as they come
 		// Read a unary answer whole before passing it on: if the leader dies
 		// between its headers and its body, the caller then gets a clean 503
 		// to retry instead of a stream reset it cannot classify. Streaming
 		// calls are passed through as they come.
 		ModifyResponse: func(resp *http.Response) error {
-			if strings.HasSuffix(resp.Request.URL.Path, "/Watch") {
+			if strings.HasSuffix(resp.Request.URL.Path, "/Watch") || resp.Request.URL.Path == eventsPath {
 				return nil
 			}
 			b, err := io.ReadAll(resp.Body)
@@ -216,7 +216,7 @@ func (s *Server) peerState(ctx context.Context, id, addr string) string {
 	defer cancel()
 	req := connect.NewRequest(&fencev1.StatusRequest{})
 	req.Header().Set(selfOnlyHeader, "1")
-	resp, err := fencev1connect.NewClusterServiceClient(s.peers, "http://"+addr).Status(ctx, req)
+	resp, err := fencev1connect.NewClusterServiceClient(s.peers, s.cfg.TLS.scheme()+"://"+addr).Status(ctx, req)
 	if err != nil {
 		return "unreachable"
 	}
@@ -302,7 +302,7 @@ func (s *Server) join(ctx context.Context) {
 	for attempt, backoff := 0, 200*time.Millisecond; ; attempt, backoff = attempt+1, min(2*backoff, 5*time.Second) {
 		addr := s.cfg.Join[attempt%len(s.cfg.Join)]
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err := fencev1connect.NewClusterServiceClient(s.peers, "http://"+addr).AddNode(actx, connect.NewRequest(req))
+		_, err := fencev1connect.NewClusterServiceClient(s.peers, s.cfg.TLS.scheme()+"://"+addr).AddNode(actx, connect.NewRequest(req))
 		cancel()
 		if err == nil {
 			s.log.Info("joined the cluster", "via", addr)

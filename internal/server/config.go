@@ -45,6 +45,11 @@ type Config struct {
 	SignTokens bool
 	// KeyGrace is how long a rotated-out key keeps verifying.
 	KeyGrace time.Duration
+	// TLS secures the API (and the calls nodes make to each other's API).
+	TLS TLS
+	// AuthFile, when set, turns authentication and authorization on: the
+	// identities, bearer tokens and rules of an Auth, in JSON.
+	AuthFile string
 	// Logger receives lease transitions and server events.
 	Logger *slog.Logger
 }
@@ -82,6 +87,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
+	}
+	if err := c.TLS.validate(); err != nil {
+		return err
 	}
 	if c.RaftListen == "" {
 		if c.Bootstrap || len(c.Join) > 0 || c.RaftAdvertise != "" {

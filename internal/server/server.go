@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,7 @@ type Server struct {
 	failed chan error             // a background task's fatal error
 
 	signer signer
+	auth   *Auth // nil: no authentication
 
 	gmu       sync.Mutex
 	leaderGen chan struct{} // closed when the leader changes
@@ -63,8 +65,20 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)},
-		peers: &http.Client{Transport: h2c()}, failed: make(chan error, 1), leaderGen: make(chan struct{})}
-	s.proxy = s.newProxy()
+		failed: make(chan error, 1), leaderGen: make(chan struct{})}
+	if cfg.AuthFile != "" {
+		a, err := LoadAuth(cfg.AuthFile)
+		if err != nil {
+			return nil, err
+		}
+		s.auth = a
+	}
+	peerTransport, err := cfg.TLS.peerTransport()
+	if err != nil {
+		return nil, err
+	}
+	s.peers = &http.Client{Transport: peerTransport}
+	s.proxy = s.newProxy(peerTransport)
 	s.metrics = newMetrics(s)
 	s.events = newEventRing(ringSize)
 	s.rejected = newRejectionLog()
@@ -73,7 +87,15 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	s.ln = ln
+	var raftTLS *tls.Config
+	if cfg.RaftListen != "" {
+		if raftTLS, err = cfg.TLS.raftConfig(); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	node, err := raftnode.Open(raftnode.Config{
+		TLS:               raftTLS,
 		NodeID:            cfg.NodeID,
 		DataDir:           cfg.DataDir,
 		RaftListen:        cfg.RaftListen,
@@ -102,18 +124,32 @@ func Start(cfg Config) (*Server, error) {
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithInterceptors(s.metrics.interceptor()),
 	}
+	if s.auth != nil {
+		opts = append(opts, connect.WithInterceptors(authorizer{s.auth}))
+	}
 	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
 	mux.HandleFunc("GET "+keysPath, s.serveKeys)
 	s.routes(mux)
 	s.http = &http.Server{
-		Handler:           s.forward(mux),
+		Handler:           s.authenticate(s.forward(mux)),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
 	}
 	s.http.Protocols.SetHTTP1(true)
-	s.http.Protocols.SetUnencryptedHTTP2(true)
+	if cfg.TLS.enabled() {
+		s.http.Protocols.SetHTTP2(true)
+		tc, err := cfg.TLS.serverConfig()
+		if err != nil {
+			ln.Close()
+			node.Close()
+			return nil, err
+		}
+		ln = tls.NewListener(ln, tc)
+	} else {
+		s.http.Protocols.SetUnencryptedHTTP2(true)
+	}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()

@@ -1,0 +1,230 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+)
+
+// Auth is who may do what. With auth on (an auth file given), every call
+// needs an identity, from a verified client certificate's common name or a
+// bearer token, and a rule that allows it: there is no default allow.
+type Auth struct {
+	// Tokens maps bearer tokens, by the hex SHA-256 of the token, to
+	// identities; the file holds no token in the clear.
+	Tokens []struct {
+		Identity string `json:"identity"`
+		SHA256   string `json:"sha256"`
+	} `json:"tokens"`
+	// Nodes are the identities of the cluster's own nodes: a node forwarding
+	// a call to the leader says on whose behalf, and only they are believed.
+	Nodes []string `json:"nodes"`
+	Rules []Rule   `json:"rules"`
+}
+
+// Rule allows an identity some operations on the scopes under a prefix
+// ("" is every scope).
+type Rule struct {
+	Identity string   `json:"identity"`
+	Prefix   string   `json:"prefix"`
+	Allow    []string `json:"allow"`
+}
+
+// The operations rules name. "cluster" covers the cluster service (status,
+// membership, key rotation); "status" the metrics, events and status page.
+var operations = []string{"acquire", "renew", "release", "get", "list", "watch", "cluster", "status"}
+
+// LoadAuth reads an auth file (JSON, in the form of Auth).
+func LoadAuth(path string) (*Auth, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var a Auth
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		return nil, fmt.Errorf("auth file %s: %w", path, err)
+	}
+	for _, t := range a.Tokens {
+		if b, err := hex.DecodeString(t.SHA256); err != nil || len(b) != sha256.Size || t.Identity == "" {
+			return nil, fmt.Errorf("auth file %s: a token needs an identity and the 64 hex digits of its SHA-256", path)
+		}
+	}
+	for _, r := range a.Rules {
+		if r.Identity == "" {
+			return nil, fmt.Errorf("auth file %s: a rule without an identity", path)
+		}
+		for _, op := range r.Allow {
+			if !slices.Contains(operations, op) {
+				return nil, fmt.Errorf("auth file %s: rule for %q allows %q; operations are %s", path, r.Identity, op, strings.Join(operations, ", "))
+			}
+		}
+	}
+	return &a, nil
+}
+
+// allows reports whether id may do op on scope (for list and watch: on
+// every scope under the prefix scope).
+func (a *Auth) allows(id, op, scope string) bool {
+	if op == "cluster" && slices.Contains(a.Nodes, id) {
+		return true // nodes join and ask each other for their state
+	}
+	for _, r := range a.Rules {
+		if r.Identity == id && slices.Contains(r.Allow, op) && strings.HasPrefix(scope, r.Prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Auth) tokenIdentity(bearer string) string {
+	sum := sha256.Sum256([]byte(bearer))
+	for _, t := range a.Tokens {
+		want, _ := hex.DecodeString(t.SHA256)
+		if subtle.ConstantTimeCompare(sum[:], want) == 1 {
+			return t.Identity
+		}
+	}
+	return ""
+}
+
+type identityKey struct{}
+
+// identityHeader carries, from a node forwarding a call, the identity of
+// the caller it authenticated.
+const identityHeader = "Fence-Identity"
+
+// authenticate finds the caller's identity and puts it in the request's
+// context. It runs before forwarding, so the leader learns who a forwarded
+// call is for.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.auth == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var certID string
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			certID = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		id := certID
+		if fwd := r.Header.Get(identityHeader); fwd != "" && slices.Contains(s.auth.Nodes, certID) {
+			id = fwd
+		} else if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			id = s.auth.tokenIdentity(b)
+		}
+		r.Header.Del(identityHeader)
+		if id != "" {
+			r.Header.Set(identityHeader, id) // for the leader, if forwarded
+			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, id))
+		}
+		if !publicPath(r.URL.Path) && !strings.HasPrefix(r.URL.Path, "/fence.v1.") && !s.auth.allows(id, "status", "") {
+			http.Error(w, "fence: this needs an identity allowed \"status\"", httpDenied(id))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func httpDenied(id string) int {
+	if id == "" {
+		return http.StatusUnauthorized
+	}
+	return http.StatusForbidden
+}
+
+// publicPath is what anyone may fetch even with auth on: health checks and
+// the public keys.
+func publicPath(p string) bool { return p == "/healthz" || p == "/readyz" || p == keysPath }
+
+// authorizer checks every RPC against the rules: an interceptor, so it sees
+// the request message and hence the scope.
+type authorizer struct{ a *Auth }
+
+func (z authorizer) check(ctx context.Context, procedure string, msg any) error {
+	id, _ := ctx.Value(identityKey{}).(string)
+	op, scope := rpcOperation(procedure, msg)
+	if id == "" {
+		return connect.NewError(connect.CodeUnauthenticated, errors.New("this service needs credentials: a client certificate or a bearer token"))
+	}
+	if !z.a.allows(id, op, scope) {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%q may not %s %q", id, op, scope))
+	}
+	return nil
+}
+
+// rpcOperation names the operation and scope (or prefix) of a call.
+func rpcOperation(procedure string, msg any) (op, scope string) {
+	if strings.HasPrefix(procedure, "/"+fencev1connect.ClusterServiceName+"/") {
+		return "cluster", ""
+	}
+	switch m := msg.(type) {
+	case *fencev1.AcquireRequest:
+		return "acquire", m.Scope
+	case *fencev1.RenewRequest:
+		return "renew", m.Scope
+	case *fencev1.ReleaseRequest:
+		return "release", m.Scope
+	case *fencev1.GetRequest:
+		return "get", m.Scope
+	case *fencev1.ListRequest:
+		return "list", m.Prefix
+	case *fencev1.WatchRequest:
+		return "watch", m.Prefix
+	}
+	return "unknown", ""
+}
+
+func (z authorizer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if err := z.check(ctx, req.Spec().Procedure, req.Any()); err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (authorizer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (z authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return next(ctx, &checkedStream{StreamingHandlerConn: conn, z: z, ctx: ctx})
+	}
+}
+
+// checkedStream authorizes a stream on its first message, which carries
+// the scope or prefix.
+type checkedStream struct {
+	connect.StreamingHandlerConn
+	z       authorizer
+	ctx     context.Context
+	checked bool
+}
+
+func (c *checkedStream) Receive(m any) error {
+	if err := c.StreamingHandlerConn.Receive(m); err != nil {
+		return err
+	}
+	if !c.checked {
+		if err := c.z.check(c.ctx, c.Spec().Procedure, m); err != nil {
+			return err
+		}
+		c.checked = true
+	}
+	return nil
+}

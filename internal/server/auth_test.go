@@ -1,0 +1,197 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/testcerts"
+)
+
+// TestAuthorizationMatrix calls every RPC with no credentials, with a
+// certificate from another CA, with an identity whose rules do not cover
+// the scope (or the cluster), and with valid credentials (a certificate,
+// then a bearer token), and checks each answer's exact code.
+func TestAuthorizationMatrix(t *testing.T) {
+	dir := t.TempDir()
+	ca, rogue := testcerts.NewCA(t, "fence test CA"), testcerts.NewCA(t, "rogue CA")
+	caFile := ca.WriteCA(t, dir, "ca")
+	srvCert, srvKey := testcerts.Write(t, dir, "server", ca.Issue(t, "n1"))
+	sum := sha256.Sum256([]byte("orders-secret"))
+	authFile := filepath.Join(dir, "auth.json")
+	os.WriteFile(authFile, fmt.Appendf(nil, `{
+		"tokens": [{"identity": "orders-svc", "sha256": %q}],
+		"nodes": ["n1"],
+		"rules": [
+			{"identity": "orders-svc", "prefix": "orders/", "allow": ["acquire", "renew", "release", "get", "list", "watch"]},
+			{"identity": "admin", "prefix": "", "allow": ["cluster"]}
+		]}`, hex.EncodeToString(sum[:])), 0o600)
+
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Listen = t.TempDir(), "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: caFile}
+	cfg.AuthFile = authFile
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	for deadline := time.Now().Add(20 * time.Second); !s.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready")
+		}
+	}
+	roots := ca.Pool()
+	clientFor := func(certs []tls.Certificate, bearer string) (fencev1connect.LeaseServiceClient, fencev1connect.ClusterServiceClient) {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: certs}, Protocols: new(http.Protocols)}
+		tr.Protocols.SetHTTP2(true)
+		h := &http.Client{Transport: tr}
+		var opts []connect.ClientOption
+		if bearer != "" {
+			opts = append(opts, connect.WithInterceptors(testBearer("Bearer "+bearer)))
+		}
+		base := "https://" + s.Addr()
+		return fencev1connect.NewLeaseServiceClient(h, base, opts...), fencev1connect.NewClusterServiceClient(h, base, opts...)
+	}
+
+	// handshake stands for "refused at the TLS handshake": no connect code.
+	const handshake connect.Code = 1000
+	type creds struct {
+		name    string
+		certs   []tls.Certificate
+		bearer  string
+		admin   []tls.Certificate // for the cluster RPCs
+		scope   string
+		want    connect.Code // for every lease RPC; 0 = the valid answers below
+		cluster connect.Code
+	}
+	orders, adminCert := ca.Issue(t, "orders-svc"), ca.Issue(t, "admin")
+	rows := []creds{
+		{name: "no credentials", scope: "orders/1", want: connect.CodeUnauthenticated, cluster: connect.CodeUnauthenticated},
+		{name: "wrong CA", certs: []tls.Certificate{rogue.Issue(t, "orders-svc")}, admin: []tls.Certificate{rogue.Issue(t, "admin")}, scope: "orders/1", want: handshake, cluster: handshake},
+		{name: "wrong prefix", certs: []tls.Certificate{orders}, admin: []tls.Certificate{orders}, scope: "billing/1", want: connect.CodePermissionDenied, cluster: connect.CodePermissionDenied},
+		{name: "unknown bearer token", bearer: "guess", scope: "orders/1", want: connect.CodeUnauthenticated, cluster: connect.CodeUnauthenticated},
+		{name: "valid certificate", certs: []tls.Certificate{orders}, admin: []tls.Certificate{adminCert}, scope: "orders/1"},
+		{name: "valid bearer token", bearer: "orders-secret", admin: []tls.Certificate{adminCert}, scope: "orders/2"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			lease, _ := clientFor(row.certs, row.bearer)
+			_, cluster := clientFor(row.admin, "")
+			if row.admin == nil {
+				_, cluster = clientFor(nil, row.bearer)
+			}
+			check := func(rpc string, err error, want connect.Code) {
+				t.Helper()
+				switch {
+				case want == handshake:
+					if err == nil || !strings.Contains(err.Error(), "certificate") {
+						t.Errorf("%s: %v; want the TLS handshake to refuse the certificate", rpc, err)
+					}
+				case connect.CodeOf(err) != want && !(want == 0 && err == nil):
+					t.Errorf("%s: %v; want %v", rpc, err, want)
+				}
+			}
+			valid := row.want == 0 && row.cluster == 0
+
+			watch, err := lease.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: row.scope}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			acq, err := lease.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: row.scope, Holder: "h"}))
+			check("Acquire", err, row.want)
+			id := "0123456789abcdef0123456789abcdef"
+			if err == nil {
+				id = acq.Msg.Lease.LeaseId
+			}
+			_, err = lease.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: row.scope, LeaseId: id}))
+			check("Renew", err, row.want)
+			_, err = lease.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: row.scope}))
+			check("Get", err, row.want)
+			list, err := lease.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: row.scope}))
+			check("List", err, row.want)
+			if valid && len(list.Msg.Leases) != 1 {
+				t.Errorf("List: %d leases, want the one just acquired", len(list.Msg.Leases))
+			}
+			if watch.Receive() {
+				if !valid {
+					t.Errorf("Watch: an unauthorized watcher received %v", watch.Msg())
+				}
+			} else {
+				check("Watch", watch.Err(), row.want)
+				if valid {
+					t.Errorf("Watch: %v; want the grant's event", watch.Err())
+				}
+			}
+			watch.Close()
+			_, err = lease.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: row.scope, LeaseId: id}))
+			check("Release", err, row.want)
+
+			_, err = cluster.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+			check("Status", err, row.cluster)
+			_, err = cluster.RotateSigningKey(ctx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
+			check("RotateSigningKey", err, row.cluster)
+			// Past authorization, these two fail validation: adding or
+			// removing a real member would change the test's cluster.
+			want := row.cluster
+			if want == 0 {
+				want = connect.CodeInvalidArgument
+			}
+			_, err = cluster.AddNode(ctx, connect.NewRequest(&fencev1.AddNodeRequest{Id: "bad id", RaftAddr: "127.0.0.1:1", ApiAddr: "127.0.0.1:2"}))
+			check("AddNode", err, want)
+			_, err = cluster.RemoveNode(ctx, connect.NewRequest(&fencev1.RemoveNodeRequest{Id: "n9"}))
+			check("RemoveNode", err, want)
+		})
+	}
+
+	// With auth on, the status endpoints need an identity too; the health
+	// checks and public keys do not.
+	for path, want := range map[string]int{"/metrics": http.StatusUnauthorized, "/healthz": http.StatusOK, "/keys": http.StatusOK} {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+		resp, err := (&http.Client{Transport: tr}).Get("https://" + s.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s without credentials: %s, want %d", path, resp.Status, want)
+		}
+	}
+}
+
+type testBearer string
+
+func (b testBearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b testBearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (testBearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
