@@ -23,6 +23,10 @@ func (r *runner) inject(ctx context.Context) {
 		}()
 	}
 	sleepUntil(ctx, end)
+	close(r.ended)
+	for _, w := range r.workers {
+		w.res.disarm() // pauses armed for a request that never came
+	}
 	r.wg.Wait()
 }
 
@@ -68,7 +72,7 @@ func (r *runner) do(ctx context.Context, f fault) {
 		select {
 		case <-done:
 		case <-ctx.Done():
-		case <-time.After(r.cfg.d): // never armed past the run
+		case <-r.ended: // never armed past the run
 		}
 	case faultDelay:
 		// Recorded by the proxy when a request is actually held.
@@ -97,6 +101,13 @@ func (r *runner) do(ctx context.Context, f fault) {
 		hold()
 		if err := nd.p.start(); err != nil {
 			r.fault("error", fmt.Sprintf("restart %s: %v", nd.id, err))
+		}
+	case faultResourceCrash:
+		r.fault(faultResourceCrash, fmt.Sprintf("kill -9 the resource; restart after %v", f.For.Round(time.Millisecond)))
+		r.resource.kill()
+		hold()
+		if err := r.resource.start(); err != nil {
+			r.fault("error", fmt.Sprintf("restart the resource: %v", err))
 		}
 	case faultNodePartition:
 		var nd *node

@@ -170,6 +170,13 @@ func (p *proxy) atNext(f func()) {
 	p.onNext = append(p.onNext, f)
 }
 
+// disarm forgets the holds and calls armed for the next connections.
+func (p *proxy) disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold, p.onNext = nil, nil
+}
+
 // close stops the proxy, dropping held requests undelivered, and waits for
 // its goroutines.
 func (p *proxy) close() {

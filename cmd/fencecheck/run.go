@@ -88,7 +88,7 @@ func runCmd(args []string) (int, error) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	r := &runner{cfg: cfg, out: os.Stdout}
+	r := &runner{cfg: cfg, out: os.Stdout, ended: make(chan struct{})}
 	rep, err := r.run(ctx)
 	if err != nil {
 		return 0, err
@@ -136,6 +136,7 @@ type runner struct {
 	workers   []*workerProc
 	nemesis   *history.Writer
 	wg        sync.WaitGroup // injections in progress
+	ended     chan struct{}  // closed when the run's time is up
 }
 
 // workerProc is a worker and the proxies between it and the others.

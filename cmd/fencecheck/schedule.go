@@ -16,9 +16,10 @@ const (
 	faultPartition     = "partition"      // cut a worker off from fenced
 	faultNodePartition = "node-partition" // cut a fenced node off from the others (cluster only)
 	faultDrift         = "drift"          // a worker whose clock runs slow or fast, for the whole run
+	faultResourceCrash = "resource-crash" // kill -9 the resource and restart it on the same data
 )
 
-var allFaults = []string{faultPause, faultDelay, faultCrash, faultPartition, faultNodePartition, faultDrift}
+var allFaults = []string{faultPause, faultDelay, faultCrash, faultPartition, faultNodePartition, faultDrift, faultResourceCrash}
 
 // fault is one entry of the schedule: at At after the start, do Kind to
 // worker (or node) Target for For.
@@ -50,8 +51,8 @@ type schedule struct {
 
 // plan derives the schedule. Faults start from one second in until two
 // seconds before the end (so that in-flight requests resolve before the
-// final reads), one every 0.6 to 1.8 seconds; crashes are at least four
-// seconds apart.
+// final reads), one every 0.6 to 1.8 seconds; crashes of fenced, and of
+// the resource, are at least four seconds apart.
 func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, kinds []string) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x66656e6365636b)) // "fencechk"
 	on := func(k string) bool { return slices.Contains(kinds, k) }
@@ -72,7 +73,7 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 	}
 	var menu []weighted
 	total := 0
-	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}} {
+	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}, {faultResourceCrash, 1}} {
 		if on(k.kind) && (k.kind != faultNodePartition || nodes > 1) {
 			menu = append(menu, k)
 			total += k.w
@@ -85,7 +86,7 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 		return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(time.Second))
 	}
 	scaled := func(lo, hi float64) time.Duration { return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(ttl)) }
-	lastCrash := -time.Hour
+	lastCrash := map[string]time.Duration{faultCrash: -time.Hour, faultResourceCrash: -time.Hour}
 	for t := time.Second; t < d-2*time.Second && len(s.faults) < 10000; t += between(0.6, 1.8) {
 		pick := rng.IntN(total)
 		var k string
@@ -105,12 +106,12 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 			f.For = scaled(2, 3.5)
 		case faultPartition:
 			f.For = scaled(1.5, 3)
-		case faultCrash:
-			if t-lastCrash < 4*time.Second {
+		case faultCrash, faultResourceCrash:
+			if t-lastCrash[k] < 4*time.Second {
 				continue
 			}
-			lastCrash = t
-			f.Target = 0 // the leader
+			lastCrash[k] = t
+			f.Target = 0 // the leader, or the resource
 			f.For = between(0.2, 1.5)
 		case faultNodePartition:
 			f.Target = rng.IntN(nodes + 1) // nodes: the leader

@@ -26,16 +26,16 @@ func TestPlanIsDerivedFromTheSeed(t *testing.T) {
 			t.Errorf("a minute with every fault planned no %s: %v", k, counts)
 		}
 	}
-	var lastCrash time.Duration = -time.Hour
+	lastCrash := map[string]time.Duration{faultCrash: -time.Hour, faultResourceCrash: -time.Hour}
 	for _, f := range a.faults {
 		if f.At < time.Second || f.At > time.Minute-2*time.Second {
 			t.Errorf("%v is outside [1s, end-2s]", f)
 		}
-		if f.Kind == faultCrash {
-			if f.At-lastCrash < 4*time.Second {
-				t.Errorf("crashes at %v and %v are closer than 4s", lastCrash, f.At)
+		if f.Kind == faultCrash || f.Kind == faultResourceCrash {
+			if f.At-lastCrash[f.Kind] < 4*time.Second {
+				t.Errorf("%s at %v and %v: closer than 4s", f.Kind, lastCrash[f.Kind], f.At)
 			}
-			lastCrash = f.At
+			lastCrash[f.Kind] = f.At
 		}
 		if f.Kind == faultPause && f.For <= time.Second {
 			t.Errorf("%v: a pause must outlast the TTL", f)

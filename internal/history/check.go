@@ -352,7 +352,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintln(w, "  none")
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.Faults)) {
-		fmt.Fprintf(w, "  %-12s %d\n", k, r.Faults[k])
+		fmt.Fprintf(w, "  %-15s %d\n", k, r.Faults[k])
 	}
 	total := 0
 	for _, m := range r.Ops {
