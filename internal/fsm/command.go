@@ -56,7 +56,11 @@ type Command struct {
 	Node      string        `json:"node,omitempty"`
 	Addr      string        `json:"addr,omitempty"`
 	KeyID     string        `json:"key_id,omitempty"`
-	Seed      string        `json:"seed,omitempty"` // hexadecimal: the log is JSON text
+	// MaxWaiters bounds the line an acquire with Wait may join; 0 is no
+	// bound. The leader stamps its configured limit into each acquire, so
+	// every replica refuses the same ones.
+	MaxWaiters int    `json:"max_waiters,omitempty"`
+	Seed       string `json:"seed,omitempty"` // hexadecimal: the log is JSON text
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -71,6 +75,9 @@ func (c Command) Validate() error {
 		}
 		if c.TTL <= 0 {
 			return &fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v is not positive", c.TTL)}
+		}
+		if c.MaxWaiters < 0 {
+			return &fence.InvalidError{Field: "max_waiters", Reason: fmt.Sprintf("%d is negative", c.MaxWaiters)}
 		}
 		if len(c.RequestID) > MaxRequestIDLen {
 			return &fence.InvalidError{Field: "request_id", Reason: fmt.Sprintf("%d bytes long, at most %d allowed", len(c.RequestID), MaxRequestIDLen)}

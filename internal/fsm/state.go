@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -105,13 +106,17 @@ type Event struct {
 	Lease Lease // for cancelled: the waiter's would-be lease, token 0
 }
 
+// ErrLineFull is Result.Err of an acquire refused as held because the
+// scope's line of waiters is at the command's MaxWaiters.
+var ErrLineFull = errors.New("the line of waiters is full")
+
 // Result is what applying a command did.
 type Result struct {
 	Outcome Outcome
 	Scope   string
 	Lease   Lease
 	Current uint64  // for Lost: the scope's current token, 0 if free
-	Err     error   // for Invalid: what was wrong
+	Err     error   // for Invalid: what was wrong; for Held: ErrLineFull if the line was full
 	Events  []Event // transitions, in the order they happened
 }
 
@@ -170,6 +175,9 @@ func (s *State) acquire(c Command) Result {
 	if sc.lease != nil {
 		if !c.Wait {
 			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease}
+		}
+		if c.MaxWaiters > 0 && len(sc.waiters) >= c.MaxWaiters {
+			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease, Err: ErrLineFull}
 		}
 		w := Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID}
 		sc.waiters = append(sc.waiters, w)

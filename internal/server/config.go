@@ -45,6 +45,11 @@ type Config struct {
 	SignTokens bool
 	// KeyGrace is how long a rotated-out key keeps verifying.
 	KeyGrace time.Duration
+	// MaxWaiters bounds each scope's line of waiting acquires (0: none).
+	MaxWaiters int
+	// WriteTimeout cuts off a client that stops reading its answers: a
+	// write of an answer that waits this long resets the stream (0: 30s).
+	WriteTimeout time.Duration
 	// TLS secures the API (and the calls nodes make to each other's API).
 	TLS TLS
 	// AuthFile, when set, turns authentication and authorization on: the
@@ -64,6 +69,7 @@ func DefaultConfig() Config {
 		MinTTL:     100 * time.Millisecond,
 		MaxTTL:     5 * time.Minute,
 		SignTokens: true,
+		MaxWaiters: 1000,
 		KeyGrace:   24 * time.Hour,
 		Logger:     slog.Default(),
 	}
@@ -87,6 +93,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
+	}
+	if c.MaxWaiters < 0 {
+		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -40,6 +41,7 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	c := fsm.Command{
 		Op: fsm.OpAcquire, Scope: m.Scope, LeaseID: fence.NewLeaseID(), Holder: m.Holder,
 		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
+		MaxWaiters: s.cfg.MaxWaiters,
 	}
 	if err := c.Validate(); err != nil {
 		return nil, wire.ToConnect(err)
@@ -253,6 +255,10 @@ func (s *Server) lease(scope string, l fsm.Lease, withID bool) *fencev1.Lease {
 func (s *Server) outcomeError(r fsm.Result) error {
 	switch r.Outcome {
 	case fsm.Held:
+		if errors.Is(r.Err, fsm.ErrLineFull) {
+			return fmt.Errorf("%w: scope %q is held by %q with token %d and its line of waiters is full (%d, fenced --max-waiters); retry later",
+				fence.ErrHeld, r.Scope, r.Lease.Holder, r.Lease.Token, s.cfg.MaxWaiters)
+		}
 		return &fence.HeldError{Scope: r.Scope, Holder: r.Lease.Holder, Token: r.Lease.Token,
 			ExpiresIn: s.deadlines.left(r.Scope, r.Lease.Token, time.Now())}
 	case fsm.Lost:

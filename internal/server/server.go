@@ -4,6 +4,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -132,10 +133,18 @@ func Start(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET "+keysPath, s.serveKeys)
 	s.routes(mux)
 	s.http = &http.Server{
-		Handler:           s.authenticate(s.forward(mux)),
+		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), s.authenticate(s.forward(mux))),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
+		IdleTimeout:       5 * time.Minute,
+		// Besides cutSlowReaders' per-answer deadline: close a connection
+		// nothing can be written to, and ping idle ones.
+		HTTP2: &http.HTTP2Config{
+			WriteByteTimeout: cmp.Or(cfg.WriteTimeout, 30*time.Second),
+			SendPingTimeout:  30 * time.Second,
+			PingTimeout:      10 * time.Second,
+		},
 	}
 	s.http.Protocols.SetHTTP1(true)
 	if cfg.TLS.enabled() {

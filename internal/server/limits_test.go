@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/wire"
+)
+
+func startWith(t *testing.T, edit func(*Config)) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Listen = t.TempDir(), "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	edit(&cfg)
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	for deadline := time.Now().Add(20 * time.Second); !s.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready")
+		}
+	}
+	return s
+}
+
+func h2cClient(buf uint32) *http.Client {
+	tr := h2c()
+	if buf > 0 {
+		tr.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerConnection: int(buf), MaxReceiveBufferPerStream: int(buf)}
+	}
+	return &http.Client{Transport: tr}
+}
+
+// TestMaxWaiters: with --max-waiters 2, a third acquire that would wait is
+// answered held, saying the line is full, and joins nothing.
+func TestMaxWaiters(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.MaxWaiters = 2 })
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "a", Holder: "h"})); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		go rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "a", Holder: fmt.Sprint("w", i), Wait: true}))
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		g, err := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: "a"}))
+		if err == nil && g.Msg.Waiters == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("two waiters never queued: %v %v", g, err)
+		}
+	}
+	_, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "a", Holder: "third", Wait: true}))
+	if !errors.Is(wire.FromConnect(err), fence.ErrHeld) || !strings.Contains(err.Error(), "line of waiters is full") {
+		t.Fatalf("a third waiter: %v; want held, line full", err)
+	}
+	if g, _ := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: "a"})); g.Msg.Waiters != 2 {
+		t.Fatalf("%d waiters after the refusal, want 2", g.Msg.Waiters)
+	}
+}
+
+// TestSlowReaderIsCutOff: a watcher that stops reading while events pile up
+// has its connection closed once nothing can be written to it for the
+// write timeout, instead of holding the server's buffers for ever.
+func TestSlowReaderIsCutOff(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.WriteTimeout = 300 * time.Millisecond })
+	slow := fencev1connect.NewLeaseServiceClient(h2cClient(64<<10), "http://"+s.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := slow.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	fast := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+
+	// A watch that is merely quiet for longer than the timeout is kept.
+	idle, err := fast.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "idle/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if !idle.Receive() { // the first answer comes at once
+		t.Fatal(idle.Err())
+	}
+	time.Sleep(time.Second)
+	if _, err := fast.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "idle/a", Holder: "h"})); err != nil {
+		t.Fatal(err)
+	}
+	for idle.Receive() && len(idle.Msg().Events) == 0 {
+	}
+	if idle.Err() != nil || len(idle.Msg().Events) == 0 || idle.Msg().Events[0].Scope != "idle/a" {
+		t.Fatalf("a watch quiet for 1s (timeout 300ms): %v, %v; want the grant of idle/a", idle.Msg(), idle.Err())
+	}
+
+	// Far more events than the watcher's 64 KiB window holds.
+	for i := range 600 {
+		scope := fmt.Sprintf("slow/%03d-%s", i, strings.Repeat("x", 100))
+		r, err := fast.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: strings.Repeat("h", 100)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: scope, LeaseId: r.Msg.Lease.LeaseId}))
+	}
+	time.Sleep(2 * time.Second) // well past the write timeout, not reading
+	n := 0
+	for stream.Receive() {
+		n++
+	}
+	if stream.Err() == nil || ctx.Err() != nil {
+		t.Fatalf("the stalled watcher read %d messages and then %v; want its connection cut", n, stream.Err())
+	}
+	t.Logf("the stalled watcher read %d messages, then: %v", n, stream.Err())
+}
