@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -112,7 +113,7 @@ var shortRun = []string{"--time", "20s", "--seed", "20261203", "--workers", "4",
 // TestFencedRunPasses: with the guard on, the faults find nothing.
 func TestFencedRunPasses(t *testing.T) {
 	t.Parallel()
-	args := append(shortRun, "--postgres", testPostgres(t))
+	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t)})
 	code, out := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitOK || n != 0 {
@@ -124,7 +125,7 @@ func TestFencedRunPasses(t *testing.T) {
 // stale writes: a checker that cannot fail proves nothing.
 func TestUnfencedRunFindsAnomalies(t *testing.T) {
 	t.Parallel()
-	args := append(shortRun, "--postgres", testPostgres(t), "--no-fence")
+	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t), "--no-fence"})
 	code, out := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitAnomalies || n == 0 {

@@ -18,14 +18,14 @@ import (
 type proxy struct {
 	ln     net.Listener
 	target string
-	onHold func(d time.Duration) // called when a held request is let go
-	done   chan struct{}         // closed by close
+	done   chan struct{} // closed by close
 
 	mu      sync.Mutex
 	cut     bool
 	refused map[string]bool // source IPs refused
 	hold    []time.Duration // delays for the next connections
 	onNext  []func()        // called as the next connections arrive
+	onHold  func(d time.Duration)
 	conns   map[net.Conn]string
 	closed  bool
 	wg      sync.WaitGroup
@@ -89,8 +89,11 @@ func (p *proxy) forward(in net.Conn, src string, hold time.Duration) {
 			t.Stop()
 			return
 		}
-		if p.onHold != nil {
-			p.onHold(hold)
+		p.mu.Lock()
+		f := p.onHold
+		p.mu.Unlock()
+		if f != nil {
+			f(hold)
 		}
 	}
 	out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
@@ -153,6 +156,13 @@ func (p *proxy) setRefused(ip string, refused bool) {
 			c.Close()
 		}
 	}
+}
+
+// setOnHold makes the proxy call f as it delivers a held request.
+func (p *proxy) setOnHold(f func(d time.Duration)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onHold = f
 }
 
 // holdNext makes the proxy hold the next connection's request for d.

@@ -286,9 +286,9 @@ func (r *runner) startWorkers() error {
 		if w.res, err = newProxy("127.0.0.1", r.resAddr); err != nil {
 			return err
 		}
-		w.res.onHold = func(d time.Duration) {
-			r.fault(faultDelay, fmt.Sprintf("%s: its next resource request held back for %v", w.name, d.Round(time.Millisecond)))
-		}
+		w.res.setOnHold(func(d time.Duration) {
+			r.fault(faultDelay, fmt.Sprintf("%s: a resource request held back for %v, then delivered", w.name, d.Round(time.Millisecond)))
+		})
 		var addrs []string
 		for _, nd := range r.nodes {
 			p, err := newProxy("127.0.0.1", nd.api)

@@ -125,7 +125,7 @@ func TestProxyHoldsCutsAndHeals(t *testing.T) {
 	}
 	defer p.close()
 	held := make(chan time.Duration, 1)
-	p.onHold = func(d time.Duration) { held <- d }
+	p.setOnHold(func(d time.Duration) { held <- d })
 	if _, err := roundTrip(p.addr()); err != nil {
 		t.Fatalf("through the proxy: %v", err)
 	}
