@@ -119,6 +119,18 @@ func Run(t *testing.T, h Harness) {
 		mustAccept(t, s, sseq(13, 1), true) // a new epoch starts its own sequence
 		mustRefuse(t, s, sseq(12, 9), true, 13)
 	})
+	t.Run("TokensBeyondFloat64", func(t *testing.T) {
+		// As doubles, 2^53 == 2^53+1 and 2^63-2 == 2^63-1: a store that
+		// compared or kept tokens as floating point would accept the
+		// older one, or record a rounded mark.
+		s := h.Open(t)
+		for _, p := range [][2]uint64{{1 << 53, 1<<53 + 1}, {fence.MaxToken - 1, fence.MaxToken}} {
+			sc := scope(t)
+			mustAccept(t, s, tok(sc, p[0]), false)
+			mustAccept(t, s, tok(sc, p[1]), false)
+			mustRefuse(t, s, tok(sc, p[0]), false, p[1])
+		}
+	})
 	t.Run("GuardRefusesMalformedAndForeignTokens", func(t *testing.T) { hostile(t, h.Open(t)) })
 	t.Run("Concurrent", func(t *testing.T) { concurrent(t, h.Open(t)) })
 	if h.Reopen != nil {
