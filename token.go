@@ -132,12 +132,14 @@ func parseSigned(s, rest string) (Token, error) {
 	if err != nil {
 		return Token{}, err
 	}
+	// Errors name the token as the bad field: the lease ID and key ID are
+	// parts of it here, not fields of a request.
 	id, err := ParseLeaseID(f[2])
 	if err != nil {
-		return Token{}, err
+		return Token{}, invalid("token", "lease ID %s is not 32 hexadecimal digits of a lease", quoteShort(f[2]))
 	}
-	if err := ValidateKeyID(f[3]); err != nil {
-		return Token{}, err
+	if ValidateKeyID(f[3]) != nil {
+		return Token{}, invalid("token", "key ID %s is not 1 to %d of a-z, 0-9 and '-'", quoteShort(f[3]), MaxKeyIDLen)
 	}
 	sig, err := base64.RawURLEncoding.Strict().DecodeString(f[4])
 	if err != nil || len(sig) != 64 {

@@ -75,7 +75,10 @@ func runWorkload(t *testing.T, addrs string, clients, scopes int) *workload {
 				w.mu.Unlock()
 				if r, err := c.Renew(context.Background(), scope, l.ID); err == nil && r.Token != l.Token {
 					t.Errorf("worker %d: renewal of %s token %d answered token %d", i, scope, l.Token, r.Token)
-				} else if err != nil && !errors.Is(err, fence.ErrLeaseLost) {
+				} else if err != nil && !errors.Is(err, fence.ErrLeaseLost) && !errors.Is(err, fence.ErrNotHolder) {
+					// Lost or not holder: across a failover the lease may have
+					// expired and been followed by more grants than the scope
+					// remembers (recentGrants).
 					w.errs.Add(1)
 					t.Logf("worker %d: renew: %v", i, err)
 				}

@@ -34,6 +34,13 @@ func (s *Server) checkReady() error {
 // Acquire implements fence.v1.LeaseService.Acquire.
 func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
 	m := req.Msg
+	if m.Ttl != nil {
+		// AsDuration would fold nanos outside ±1s into the seconds, and
+		// clamp a too-large value, granting a TTL nobody asked for.
+		if err := m.Ttl.CheckValid(); err != nil {
+			return nil, wire.ToConnect(&fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v: outside the allowed range %v to %v", err, s.cfg.MinTTL, s.cfg.MaxTTL)})
+		}
+	}
 	ttl, err := s.ttl(m.Ttl.AsDuration(), m.Ttl != nil)
 	if err != nil {
 		return nil, wire.ToConnect(err)
