@@ -38,6 +38,9 @@ const (
 	OpAddKey Op = "add_key"
 )
 
+// MaxOwnerLen bounds the identity recorded with a lease.
+const MaxOwnerLen = 256
+
 // MaxRequestIDLen bounds the client request ID of an acquire.
 const MaxRequestIDLen = 64
 
@@ -61,6 +64,10 @@ type Command struct {
 	// every replica refuses the same ones.
 	MaxWaiters int    `json:"max_waiters,omitempty"`
 	Seed       string `json:"seed,omitempty"` // hexadecimal: the log is JSON text
+	// Owner is the authenticated identity an acquire was made for (empty
+	// without auth), kept with the lease so limits per identity survive a
+	// change of leader.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -75,6 +82,9 @@ func (c Command) Validate() error {
 		}
 		if c.TTL <= 0 {
 			return &fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v is not positive", c.TTL)}
+		}
+		if len(c.Owner) > MaxOwnerLen || !utf8.ValidString(c.Owner) {
+			return &fence.InvalidError{Field: "owner", Reason: fmt.Sprintf("want at most %d bytes of UTF-8", MaxOwnerLen)}
 		}
 		if c.MaxWaiters < 0 {
 			return &fence.InvalidError{Field: "max_waiters", Reason: fmt.Sprintf("%d is negative", c.MaxWaiters)}

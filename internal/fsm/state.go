@@ -24,6 +24,7 @@ type Lease struct {
 	TTL       time.Duration `json:"ttl"`
 	RequestID string        `json:"request_id,omitempty"`
 	GrantedAt int64         `json:"granted_at,omitempty"` // Unix nanoseconds, from the command
+	Owner     string        `json:"owner,omitempty"`      // the authenticated identity that asked, when auth is on
 }
 
 // Waiter is an acquire queued behind the current lease.
@@ -32,6 +33,7 @@ type Waiter struct {
 	Holder    string        `json:"holder,omitempty"`
 	TTL       time.Duration `json:"ttl"`
 	RequestID string        `json:"request_id,omitempty"`
+	Owner     string        `json:"owner,omitempty"`
 }
 
 // grant remembers a past grant of a scope. Holder is recorded when the
@@ -179,12 +181,12 @@ func (s *State) acquire(c Command) Result {
 		if c.MaxWaiters > 0 && len(sc.waiters) >= c.MaxWaiters {
 			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease, Err: ErrLineFull}
 		}
-		w := Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID}
+		w := Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID, Owner: c.Owner}
 		sc.waiters = append(sc.waiters, w)
 		return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}
 	}
 	var r Result
-	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID}, c.At, &r)
+	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID, Owner: c.Owner}, c.At, &r)
 	return r
 }
 
@@ -227,7 +229,7 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 		return
 	}
 	sc.last++
-	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at}
+	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at, Owner: w.Owner}
 	sc.lease = &l
 	g := grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID}
 	if l.RequestID != "" {
@@ -337,7 +339,7 @@ func (sc *scope) current() uint64 {
 }
 
 func (w Waiter) lease() Lease {
-	return Lease{ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID}
+	return Lease{ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, Owner: w.Owner}
 }
 
 // Check reports whether id is the current lease of the scope: Granted with

@@ -47,6 +47,9 @@ type Config struct {
 	KeyGrace time.Duration
 	// MaxWaiters bounds each scope's line of waiting acquires (0: none).
 	MaxWaiters int
+	// MaxLeasesPerIdentity bounds the leases one authenticated identity
+	// holds at once (0: none; without auth there are no identities).
+	MaxLeasesPerIdentity int
 	// WriteTimeout cuts off a client that stops reading its answers: a
 	// write of an answer that waits this long resets the stream (0: 30s).
 	WriteTimeout time.Duration

@@ -50,11 +50,15 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
 		MaxWaiters: s.cfg.MaxWaiters,
 	}
+	c.Owner, _ = ctx.Value(identityKey{}).(string)
 	if err := c.Validate(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
+	}
+	if err := s.owners.check(c.Owner, s.cfg.MaxLeasesPerIdentity); err != nil {
+		return nil, err
 	}
 	var (
 		key  string

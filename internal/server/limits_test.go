@@ -2,13 +2,19 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"connectrpc.com/connect"
 
@@ -128,4 +134,60 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 		t.Fatalf("the stalled watcher read %d messages and then %v; want its connection cut", n, stream.Err())
 	}
 	t.Logf("the stalled watcher read %d messages, then: %v", n, stream.Err())
+}
+
+// TestMaxLeasesPerIdentity: with auth on and a limit of 2, an identity's
+// third lease is refused until it releases one, another identity is not
+// affected, and the count survives a restart (it is rebuilt from the
+// owners recorded with the leases).
+func TestMaxLeasesPerIdentity(t *testing.T) {
+	dir := t.TempDir()
+	authFile := filepath.Join(dir, "auth.json")
+	var tokens []string
+	for _, tok := range []string{"alice-secret", "bob-secret"} {
+		sum := sha256.Sum256([]byte(tok))
+		tokens = append(tokens, hex.EncodeToString(sum[:]))
+	}
+	os.WriteFile(authFile, fmt.Appendf(nil, `{"tokens": [{"identity": "alice", "sha256": %q}, {"identity": "bob", "sha256": %q}],
+		"rules": [{"identity": "alice", "prefix": "", "allow": ["acquire", "release"]}, {"identity": "bob", "prefix": "", "allow": ["acquire"]}]}`, tokens[0], tokens[1]), 0o600)
+	data := t.TempDir()
+	edit := func(c *Config) { c.AuthFile, c.MaxLeasesPerIdentity, c.DataDir = authFile, 2, data }
+	s := startWith(t, edit)
+	as := func(s *Server, tok string) fencev1connect.LeaseServiceClient {
+		return fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr(), connect.WithInterceptors(testBearer("Bearer "+tok)))
+	}
+	ctx := context.Background()
+	acquire := func(c fencev1connect.LeaseServiceClient, scope string) (*fencev1.Lease, error) {
+		r, err := c.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: "h", Ttl: durationpb.New(time.Minute)}))
+		if err != nil {
+			return nil, err
+		}
+		return r.Msg.Lease, nil
+	}
+	alice := as(s, "alice-secret")
+	first, err := acquire(alice, "a/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(alice, "a/2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(alice, "a/3"); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "holds 2 leases") {
+		t.Fatalf("alice's third lease: %v; want resource_exhausted, holds 2 leases", err)
+	}
+	if _, err := acquire(as(s, "bob-secret"), "b/1"); err != nil {
+		t.Fatalf("bob is not limited by alice's leases: %v", err)
+	}
+	if _, err := alice.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "a/1", LeaseId: first.LeaseId})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire(alice, "a/3"); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+
+	s.Close(ctx)
+	s2 := startWith(t, edit)
+	if _, err := acquire(as(s2, "alice-secret"), "a/4"); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("after a restart, alice's third lease: %v; want resource_exhausted", err)
+	}
 }

@@ -48,9 +48,14 @@ type Server struct {
 
 	signer signer
 	auth   *Auth // nil: no authentication
+	owners owners
+
+	closeOnce sync.Once // Close may be called more than once
+	closeErr  error
 
 	gmu       sync.Mutex
 	leaderGen chan struct{} // closed when the leader changes
+	opened    chan struct{} // closed once Start has set node
 
 	mu         sync.Mutex // guards stopExpiry
 	stopExpiry context.CancelFunc
@@ -81,6 +86,7 @@ func Start(cfg Config) (*Server, error) {
 	s.peers = &http.Client{Transport: peerTransport}
 	s.proxy = s.newProxy(peerTransport)
 	s.metrics = newMetrics(s)
+	s.opened = make(chan struct{})
 	s.events = newEventRing(ringSize)
 	s.rejected = newRejectionLog()
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -117,6 +123,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.node = node
+	close(s.opened)
 
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
@@ -186,8 +193,14 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 func (s *Server) Ready() bool { return s.ready.Load() }
 
 // Close stops serving, waits up to the context's deadline for requests in
-// flight, and closes Raft and the stores.
+// flight, and closes Raft and the stores. Later calls return the first
+// call's result.
 func (s *Server) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
+	return s.closeErr
+}
+
+func (s *Server) close(ctx context.Context) error {
 	s.ready.Store(false)
 	s.events.close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
@@ -246,6 +259,11 @@ func (s *Server) onLeader(leader bool) {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		select { // Raft may elect this node before Start has stored s.node
+		case <-s.opened:
+		case <-ctx.Done():
+			return
+		}
 		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 			err := s.takeOffice(ctx)
 			if err == nil {
@@ -283,6 +301,7 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	if err := s.ensureKey(bctx); err != nil {
 		return fmt.Errorf("create the token-signing key: %w", err)
 	}
+	s.node.Read(func(st *fsm.State) { s.owners.reset(st.Leases()) })
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -349,6 +368,7 @@ func (s *Server) onEvents(events []fsm.Event) {
 			s.deadlines.ended(e.Scope, e.Lease.Token)
 		}
 		s.waiters.notify(e)
+		s.owners.event(e)
 		// While the log is replayed at start-up, the transitions are old
 		// news: log only what happens while serving.
 		if serving {
