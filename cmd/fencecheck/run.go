@@ -200,6 +200,16 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 		parts = append(parts, fmt.Sprintf("%s %d", k, planned[k]))
 	}
 	r.printf("schedule: %s\n", strings.Join(parts, ", "))
+	var plan strings.Builder
+	for i, rate := range r.sched.rates {
+		fmt.Fprintf(&plan, "w%d clock rate %.3f\n", i+1, rate)
+	}
+	for _, f := range r.sched.faults {
+		fmt.Fprintln(&plan, f)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "schedule.txt"), []byte(plan.String()), 0o644); err != nil {
+		return nil, err
+	}
 	r.printf("directory: %s\n", r.dir)
 
 	if r.nemesis, err = history.Create(filepath.Join(r.dir, "nemesis.jsonl")); err != nil {

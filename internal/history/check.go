@@ -211,7 +211,7 @@ func checkStale(r *Report, ops []Op, applied []Event) string {
 			return true
 		})
 	}
-	return fmt.Sprintf("%d applied requests in the resource's log, %d acknowledged by it", len(applied), countAll(acked))
+	return fmt.Sprintf("%d requests in the resource's log, %d acknowledged to the workers", len(applied), countAll(acked))
 }
 
 func countAll(m map[string][]Op) int {
