@@ -58,13 +58,13 @@ func allCells() []cell {
 
 // config is the coordinator's.
 type config struct {
-	fenced, redisServer, postgres string
-	data, out                     string
-	runs, leases                  int
-	duration, redisRetry          time.Duration
-	maxOps                        int64
-	only, systems                 []string
-	deadline                      time.Duration
+	fenced, fencedRev, redisServer, postgres string
+	data, out                                string
+	runs, leases                             int
+	duration, redisRetry                     time.Duration
+	maxOps                                   int64
+	only, systems                            []string
+	deadline                                 time.Duration
 }
 
 // measurement is one cell's result on one system in one run.
@@ -102,6 +102,7 @@ func runMain(args []string) error {
 	var cfg config
 	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
 	fs.StringVar(&cfg.fenced, "fenced", "bin/fenced", "the fenced binary to measure (go build -o bin/fenced ./cmd/fenced)")
+	fs.StringVar(&cfg.fencedRev, "fenced-rev", "", "the fence commit fenced was built from, for the results (default: git describe of this checkout)")
 	fs.StringVar(&cfg.redisServer, "redis-server", "redis-server", "the redis-server binary")
 	fs.StringVar(&cfg.postgres, "postgres", cmp.Or(os.Getenv("FENCE_TEST_POSTGRES"), "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable"),
 		"PostgreSQL DSN for the guarded write (make services starts one); empty skips fence-pg and pg-plain")
@@ -347,8 +348,9 @@ func versions(cfg config) map[string]string {
 	if out, err := exec.Command(cfg.redisServer, "--version").Output(); err == nil {
 		v["redis-server"] = strings.TrimSpace(string(out))
 	}
-	if out, err := exec.Command("git", "-C", filepath.Dir(cfg.fenced), "describe", "--always", "--dirty").Output(); err == nil {
-		v["fence checkout"] = strings.TrimSpace(string(out))
+	v["fenced"] = cfg.fencedRev
+	if out, err := exec.Command("git", "-C", filepath.Dir(cfg.fenced), "describe", "--always", "--dirty").Output(); err == nil && cfg.fencedRev == "" {
+		v["fenced"] = "built from " + strings.TrimSpace(string(out))
 	}
 	return v
 }
