@@ -15,7 +15,7 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: services
-services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on loopback
+services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on loopback; install chromium
 	./scripts/services.sh
 
 .PHONY: test

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Private PostgreSQL, MariaDB and Redis servers for fence's tests.
+# Private PostgreSQL, MariaDB and Redis servers for fence's tests, and the
+# headless Chromium that the status page's tests drive.
 #
 #   scripts/services.sh [start]   install what is missing, start, wait, print the DSNs
 #   scripts/services.sh stop      stop the instances this state dir started
@@ -217,6 +218,10 @@ resolve_binaries() {
 	REDIS_CLI=$(find_bin redis-cli || true)
 	if [[ -z $REDIS_SERVER || -z $REDIS_CLI ]]; then
 		MISSING+=(redis-server)
+	fi
+	# Not a service: the headless browser the status page's tests drive.
+	if ! find_bin chromium >/dev/null; then
+		MISSING+=(chromium)
 	fi
 }
 

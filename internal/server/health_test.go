@@ -24,6 +24,9 @@ func startNode(t testing.TB, id string, join ...string) *server.Server {
 	cfg.RaftListen = "127.0.0.1:0"
 	cfg.Bootstrap = len(join) == 0
 	cfg.Join = join
+	// Generous, so that a loaded test machine (-race, browsers) does not
+	// move the leadership under the tests' feet.
+	cfg.ElectionTimeout = 2 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := server.Start(cfg)
 	if err != nil {

@@ -101,6 +101,19 @@ func (r *eventRing) read(from uint64, prefix string, limit int) ([]leaseEvent, u
 	return out, from, r.changed, nil
 }
 
+// start checks that a reader can begin at from while the leader is in
+// term: at a retained position or the next one, or at the first position
+// of a term that has recorded nothing yet, but not in a term to come.
+func (r *eventRing) start(from, term uint64) error {
+	if from>>termShift > term {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.missedLocked(from)
+	}
+	_, _, _, err := r.read(from, "", 0)
+	return err
+}
+
 func (r *eventRing) missedLocked(from uint64) error {
 	e := &missedError{position: from}
 	if r.next != 0 {

@@ -66,6 +66,12 @@ func TestRingNewTermStartsAfresh(t *testing.T) {
 	if _, _, _, err := r.read(old.Position, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
 		t.Fatalf("resuming in term 1 on term 2's ring: %v, want ErrMissedEvents", err)
 	}
+	if err := r.start(3<<termShift|1, 2); !errors.Is(err, fence.ErrMissedEvents) {
+		t.Fatalf("starting in a term to come: %v, want ErrMissedEvents", err)
+	}
+	if err := r.start(start+1, 2); err != nil {
+		t.Fatalf("starting after the newest event: %v", err)
+	}
 	r.close()
 	if _, _, _, err := r.read(start, "", 10); !errors.Is(err, fence.ErrUnavailable) {
 		t.Fatalf("reading a closed ring: %v, want ErrUnavailable", err)

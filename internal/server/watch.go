@@ -39,9 +39,12 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 		return wire.ToConnect(err)
 	}
 	gen := s.leaderGeneration()
+	term := s.node.Term()
 	from := m.StartPosition
 	if from == 0 {
-		from = s.events.position(s.node.Term())
+		from = s.events.position(term)
+	} else if err := s.events.start(from, term); err != nil {
+		return wire.ToConnect(err)
 	}
 	first := &fencev1.WatchResponse{}
 	if m.IncludeHeld {
