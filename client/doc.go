@@ -128,6 +128,16 @@
 // talking to sees it; [Client.AddNode] and [Client.RemoveNode] change its
 // membership.
 //
+// # Watching and electing
+//
+// [Client.Watch] follows the lease events of the scopes under a prefix as
+// the service's leader records them (grants, renewals, releases, expiries,
+// renewals answered lost, stale rejections reported by guards), and
+// reconnects and resumes by itself. [Election] elects one leader per scope
+// on top of Acquire with WithWait and Watch: [Election.Campaign] waits in
+// line and returns the leader's [Lease], whose token fences the leader's
+// writes; [Election.Observe] follows who leads.
+//
 // # Caveats
 //
 // A valid Lease does not make a write safe on its own: authority can end
