@@ -44,8 +44,9 @@ type Rule struct {
 }
 
 // The operations rules name. "cluster" covers the cluster service (status,
-// membership, key rotation); "status" the metrics, events and status page.
-var operations = []string{"acquire", "renew", "release", "get", "list", "watch", "cluster", "status"}
+// membership, key rotation); "status" the metrics, events and status page;
+// "report" a guard's reports of stale rejections, for its scopes.
+var operations = []string{"acquire", "renew", "release", "get", "list", "watch", "report", "cluster", "status"}
 
 // LoadAuth reads an auth file (JSON, in the form of Auth).
 func LoadAuth(path string) (*Auth, error) {
@@ -184,8 +185,26 @@ func rpcOperation(procedure string, msg any) (op, scope string) {
 		return "list", m.Prefix
 	case *fencev1.WatchRequest:
 		return "watch", m.Prefix
+	case *fencev1.ReportRejectionsRequest:
+		return "report", reportPrefix(m)
 	}
 	return "unknown", ""
+}
+
+// reportPrefix is the longest common prefix of a report's scopes: the
+// reporter needs "report" on all of them.
+func reportPrefix(m *fencev1.ReportRejectionsRequest) string {
+	var p string
+	for i, r := range m.GetRejections() {
+		if i == 0 {
+			p = r.GetScope()
+			continue
+		}
+		for !strings.HasPrefix(r.GetScope(), p) {
+			p = p[:len(p)-1]
+		}
+	}
+	return p
 }
 
 func (z authorizer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {

@@ -36,7 +36,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		"tokens": [{"identity": "orders-svc", "sha256": %q}],
 		"nodes": ["n1"],
 		"rules": [
-			{"identity": "orders-svc", "prefix": "orders/", "allow": ["acquire", "renew", "release", "get", "list", "watch"]},
+			{"identity": "orders-svc", "prefix": "orders/", "allow": ["acquire", "renew", "release", "get", "list", "watch", "report"]},
 			{"identity": "admin", "prefix": "", "allow": ["cluster"]}
 		]}`, hex.EncodeToString(sum[:])), 0o600)
 
@@ -142,6 +142,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 			watch.Close()
 			_, err = lease.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: row.scope, LeaseId: id}))
 			check("Release", err, row.want)
+			_, err = lease.ReportRejections(ctx, connect.NewRequest(&fencev1.ReportRejectionsRequest{Guard: "test",
+				Rejections: []*fencev1.Rejection{{Scope: row.scope, PresentedToken: 1, HighestToken: 2}, {Scope: row.scope + "0", PresentedToken: 1, HighestToken: 2}}}))
+			check("ReportRejections", err, row.want)
 
 			_, err = cluster.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
 			check("Status", err, row.cluster)

@@ -89,7 +89,7 @@ func (t TLS) raftConfig() (*tls.Config, error) {
 	}
 	ca := cmp.Or(t.CA, t.ClientCA)
 	if ca == "" {
-		return nil, errors.New("Raft over TLS needs --tls-ca (or --tls-client-ca): the CA that signs every node's certificate")
+		return nil, errors.New("running Raft over TLS needs --tls-ca (or --tls-client-ca): the CA that signs every node's certificate")
 	}
 	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
 	if err != nil {
