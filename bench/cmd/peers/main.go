@@ -11,21 +11,35 @@
 //	peers -fenced bin/fenced             # the whole comparison, 3 runs
 //	BENCH_TIME=2s peers -runs 1          # a quick look
 //	peers -only lock-cycle,contended     # some workloads only
+//	peers -report results/peers-X.json   # the table of earlier results again
+//
+// The workloads are lock-cycle (1, 16 and 64 clients on scopes of their
+// own), contended (64 clients on one scope), renew (confirmed renewals of
+// 10,000 live leases) and guarded-write (64 clients writing with their
+// token: through httpguard over boltguard, through a group-commit
+// prototype, and with sqlguard's row token on PostgreSQL beside the plain
+// UPDATE; etcd's side is a Txn on the lock key's mod_revision). The doc
+// comments of fenceSetup, etcdSetup, redisSetup and postgresSetup say
+// exactly what each system does.
 //
 // Each cell (workload, concurrency, system) gets fresh servers with empty
 // data directories, is bounded by BENCH_TIME (default 10s) and by -max-ops
 // operations, and reports ops/s, p50, p99 and p99.9 of the operation's
-// latency, and the disk's flush requests per operation (device-wide, from
-// /proc/diskstats). The table shows the medians of the runs; the last lines
-// are one per workload and concurrency:
+// latency, the disk's flush requests (device-wide, from /proc/diskstats)
+// and the server and client processes' CPU time per operation. The table
+// shows the medians of the runs; the last lines are one per workload and
+// concurrency:
 //
 //	ratio lock-cycle 64 fence/etcd=5.20
 //
-// The roles used by the re-executed processes (client, etcd, resource) are
-// internal; see role.go.
+// Results go to -out as JSON, with a plot of the lock cycle. The roles of
+// the re-executed processes (client, etcd, resource) are internal; see
+// role.go.
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 )
@@ -45,6 +59,9 @@ func main() {
 		err = resourceMain(os.Args[2:])
 	default:
 		err = runMain(os.Args[1:])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peers:", err)

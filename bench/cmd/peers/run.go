@@ -118,8 +118,8 @@ func runMain(args []string) error {
 	fs.Int64Var(&cfg.maxOps, "max-ops", 2_000_000, "most operations per cell")
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
-	only := fs.String("only", "", "comma-separated workloads to run (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run (default all)")
+	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-group, fence-pg, pg-plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -132,6 +132,21 @@ func runMain(args []string) error {
 		return fmt.Errorf("BENCH_TIME %q: want a positive duration such as 10s", benchTime)
 	}
 	cfg.only, cfg.systems = splitList(*only), splitList(*systems)
+	var knownW, knownS []string
+	for _, c := range allCells() {
+		knownW = append(knownW, c.workload)
+		knownS = append(knownS, c.systems...)
+	}
+	for _, w := range cfg.only {
+		if !slices.Contains(knownW, w) {
+			return fmt.Errorf("-only: no workload %q", w)
+		}
+	}
+	for _, sys := range cfg.systems {
+		if !slices.Contains(knownS, sys) {
+			return fmt.Errorf("-systems: no system %q", sys)
+		}
+	}
 	if cfg.fenced, err = filepath.Abs(cfg.fenced); err != nil {
 		return err
 	}
