@@ -38,7 +38,7 @@ func BenchmarkUpdate(b *testing.B) {
 	b.Run("fenced", func(b *testing.B) {
 		w := guard.Write{Token: fence.Token{Scope: "k", Value: 1}}
 		for b.Loop() {
-			if err := s.Update(context.Background(), w, false, put); err != nil {
+			if err := s.Update(context.Background(), w.Token.Scope, w, false, put); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -6,7 +6,7 @@
 // # Usage
 //
 //	s, err := boltguard.Open("data.db")
-//	err = s.Update(ctx, guard.Write{Token: tok}, false, func(tx *bbolt.Tx) error {
+//	err = s.Update(ctx, "orders", guard.Write{Token: tok}, false, func(tx *bbolt.Tx) error {
 //		return tx.Bucket([]byte("orders")).Put(key, value)
 //	})
 //
@@ -84,11 +84,18 @@ func (s *Store) Close() error {
 // *guard.StaleError and fn does not run; if fn fails, the transaction and
 // with it the mark roll back.
 //
-// A token of no scope, or with a value outside 1 to fence.MaxToken, is
-// refused as invalid (fence.ErrInvalid) before the file is touched.
-func (s *Store) Update(ctx context.Context, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
+// scope is the scope fn writes: a token of another scope is refused
+// (guard.ErrWrongScope), so a token granted for one resource cannot pass
+// for another's. A token of no scope, or with a value outside 1 to
+// fence.MaxToken, is refused as invalid (fence.ErrInvalid) before the file
+// is touched. Update does not verify signatures: use a guard.Guard with
+// guard.WithVerifier over the Store for that.
+func (s *Store) Update(ctx context.Context, scope string, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if w.Token.Scope != scope {
+		return fmt.Errorf("%w: %s presented for scope %q", guard.ErrWrongScope, w.Token, scope)
 	}
 	if err := validate(w); err != nil {
 		return err
@@ -132,7 +139,7 @@ func validate(w guard.Write) error {
 // there. (Opening another read-write transaction of the same database
 // inside apply would deadlock: bbolt has one writer at a time.)
 func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply func(ctx context.Context) error) error {
-	return s.Update(ctx, w, strict, func(tx *bbolt.Tx) error {
+	return s.Update(ctx, w.Token.Scope, w, strict, func(tx *bbolt.Tx) error {
 		return apply(context.WithValue(ctx, txKey{}, tx))
 	})
 }

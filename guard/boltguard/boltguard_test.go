@@ -55,11 +55,11 @@ func TestDataAndMarkCommitTogether(t *testing.T) {
 			return b.Put([]byte("orders"), []byte(val))
 		}
 	}
-	if err := s.Update(ctx, w(42), false, put("from 42")); err != nil {
+	if err := s.Update(ctx, "orders", w(42), false, put("from 42")); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	if err := s.Update(ctx, w(50), false, func(tx *bbolt.Tx) error { put("from 50")(tx); return boom }); !errors.Is(err, boom) {
+	if err := s.Update(ctx, "orders", w(50), false, func(tx *bbolt.Tx) error { put("from 50")(tx); return boom }); !errors.Is(err, boom) {
 		t.Fatalf("failed write = %v", err)
 	}
 	if m, _ := s.Highest("orders"); m.Token != 42 {
@@ -72,7 +72,7 @@ func TestDataAndMarkCommitTogether(t *testing.T) {
 	}
 	defer s.Close()
 	var stale *guard.StaleError
-	if err := s.Update(ctx, w(41), false, put("from 41")); !errors.As(err, &stale) || stale.Highest != 42 {
+	if err := s.Update(ctx, "orders", w(41), false, put("from 41")); !errors.As(err, &stale) || stale.Highest != 42 {
 		t.Fatalf("late 41 after reopen = %v, want stale behind 42", err)
 	}
 	s.DB().View(func(tx *bbolt.Tx) error {

@@ -26,7 +26,7 @@ func TestUpdateRefusesMalformedTokens(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
 	noop := func(*bbolt.Tx) error { return nil }
-	if err := s.Update(ctx, guard.Write{Token: fence.Token{Scope: "orders", Value: 5}}, false, noop); err != nil {
+	if err := s.Update(ctx, "orders", guard.Write{Token: fence.Token{Scope: "orders", Value: 5}}, false, noop); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []guard.Write{
@@ -37,7 +37,7 @@ func TestUpdateRefusesMalformedTokens(t *testing.T) {
 		{Token: fence.Token{Scope: "", Value: 6}},
 	} {
 		ran := false
-		err := s.Update(ctx, w, false, func(*bbolt.Tx) error { ran = true; return nil })
+		err := s.Update(ctx, "orders", w, false, func(*bbolt.Tx) error { ran = true; return nil })
 		if ran || !errors.Is(err, fence.ErrInvalid) {
 			t.Errorf("Update(%+v): ran %v, err %v; want ErrInvalid and nothing run", w, ran, err)
 		}
@@ -45,6 +45,28 @@ func TestUpdateRefusesMalformedTokens(t *testing.T) {
 	for scope, want := range map[string]guard.Mark{"orders": {Token: 5}, "": {}} {
 		if m, err := s.Highest(scope); err != nil || m != want {
 			t.Errorf("Highest(%q) = %+v, %v; want %+v", scope, m, err, want)
+		}
+	}
+}
+
+// TestUpdateRefusesAnotherScopesToken: Update is told which scope the
+// write is for, so a genuine token of another scope cannot pass for it,
+// and neither scope's mark moves.
+func TestUpdateRefusesAnotherScopesToken(t *testing.T) {
+	s, err := boltguard.Open(filepath.Join(t.TempDir(), "g.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	ran := false
+	err = s.Update(ctx, "orders", guard.Write{Token: fence.Token{Scope: "billing", Value: 9}}, false, func(*bbolt.Tx) error { ran = true; return nil })
+	if ran || !errors.Is(err, guard.ErrWrongScope) {
+		t.Fatalf("a billing token for orders: ran %v, err %v; want ErrWrongScope and nothing run", ran, err)
+	}
+	for _, scope := range []string{"orders", "billing"} {
+		if m, err := s.Highest(scope); err != nil || m != (guard.Mark{}) {
+			t.Errorf("Highest(%q) = %+v, %v; want no mark", scope, m, err)
 		}
 	}
 }

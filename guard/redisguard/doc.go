@@ -38,7 +38,9 @@
 // The braces make s the key's hash tag. In Redis Cluster a script may touch
 // only keys of one slot, so every data key of a fenced write must carry the
 // same tag: build them with Key(s, name), which gives "{s}:name". On a
-// single Redis any key names work.
+// single Redis any key names work, except that a key tagged with another
+// scope is refused (guard.ErrWrongScope): a token of scope t cannot write
+// Key(s, name).
 //
 // Tokens and sequence numbers are unsigned 64-bit integers. Lua numbers in
 // Redis are doubles, exact only to 2^53, so the scripts never convert them:

@@ -82,3 +82,39 @@ func TestStoreTokensBeyondFloat(t *testing.T) {
 		})
 	}
 }
+
+// TestAnotherScopesKeyIsRefused: a token of one scope cannot write a key
+// tagged with another scope, however genuine and new it is.
+func TestAnotherScopesKeyIsRefused(t *testing.T) {
+	rdb := testRedis(t)
+	g := redisguard.New(rdb)
+	mine, other := newScope(t, rdb), newScope(t, rdb)
+	key := redisguard.Key(mine, "v")
+	w := wr(other, 99, 0)
+	for name, write := range map[string]func() error{
+		"set":    func() error { return g.Set(ctx, w, key, "evil", 0) },
+		"del":    func() error { _, err := g.Del(ctx, w, key); return err },
+		"hset":   func() error { _, err := g.HSet(ctx, w, redisguard.Key(mine, "h"), "f", "x"); return err },
+		"incrby": func() error { _, err := g.IncrBy(ctx, w, redisguard.Key(mine, "n"), 1); return err },
+		"eval": func() error {
+			_, err := g.Eval(ctx, w, `return redis.call('SET', KEYS[1], 'evil')`, []string{key})
+			return err
+		},
+	} {
+		if err := write(); !errors.Is(err, guard.ErrWrongScope) {
+			t.Errorf("%s of %q with a token of %q: %v, want ErrWrongScope", name, key, other, err)
+		}
+	}
+	if n, _ := rdb.Exists(ctx, key, redisguard.Key(mine, "h"), redisguard.Key(mine, "n")).Result(); n != 0 {
+		t.Errorf("%d refused writes left keys behind", n)
+	}
+	for _, sc := range []string{mine, other} {
+		if m, err := g.Highest(ctx, sc); err != nil || m != (guard.Mark{}) {
+			t.Errorf("mark of %q %+v, %v; want none", sc, m, err)
+		}
+	}
+	// A key without a tag stays open to any scope on a single Redis.
+	if err := g.Set(ctx, w, "untagged-"+other, "ok", 0); err != nil {
+		t.Errorf("an untagged key: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -239,11 +240,30 @@ func (g *Guard) Eval(ctx context.Context, w guard.Write, body string, keys []str
 	return g.run(ctx, s.(*redis.Script), w, "eval", keys, args...)
 }
 
+// hashTag returns a key's hash tag as Redis Cluster reads it: the text
+// between the first '{' and the next '}', when not empty.
+func hashTag(key string) (string, bool) {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return "", false
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	if j <= 0 {
+		return "", false
+	}
+	return key[i+1 : i+1+j], true
+}
+
 // run validates w, runs a fenced script and decodes its reply.
 func (g *Guard) run(ctx context.Context, s *redis.Script, w guard.Write, op string, keys []string, args ...any) (any, error) {
 	if g.cfg.verify != nil {
 		if err := g.cfg.verify.Verify(w.Token); err != nil {
 			return nil, err
+		}
+	}
+	for _, k := range keys {
+		if tag, ok := hashTag(k); ok && tag != w.Token.Scope {
+			return nil, fmt.Errorf("%w: %s presented for key %q of scope %q", guard.ErrWrongScope, w.Token, k, tag)
 		}
 	}
 	r, err := run(ctx, g.rdb, g.cfg.prefix, s, w, g.cfg.strict, keys, args...)

@@ -44,12 +44,12 @@ func TestVerifierKeepsMark(t *testing.T) {
 	for _, p := range []struct {
 		name string
 		// scoped: the write is for sc whatever its token's scope. Guard's
-		// writes are not: they are for their token's own scope.
+		// writes are tied to sc by the key's hash tag.
 		scoped  bool
 		write   func(sc string, tok fence.Token) error
 		highest func(ctx context.Context, sc string) (guard.Mark, error)
 	}{
-		{"Guard.Set", false, func(sc string, tok fence.Token) error {
+		{"Guard.Set", true, func(sc string, tok fence.Token) error {
 			return g.Set(ctx, guard.Write{Token: tok}, redisguard.Key(sc, "v"), "x", 0)
 		}, g.Highest},
 		{"Store", true, func(sc string, tok fence.Token) error {
@@ -72,9 +72,6 @@ func TestVerifierKeepsMark(t *testing.T) {
 			}
 			for name, tok := range forgeries(key, genuine, other) {
 				err := p.write(sc, tok)
-				// Guard.Set takes the scope from the token: it accepts a
-				// genuine token of other as other's write, even to a key
-				// of sc (on one Redis no key is tied to a scope).
 				if !errors.Is(err, fence.ErrInvalid) && (p.scoped || name != "of another scope") {
 					t.Errorf("%s token: %v, want an invalid-token error", name, err)
 				}

@@ -43,7 +43,7 @@ func BenchmarkUpdate(b *testing.B) {
 				}
 				return tx.Commit()
 			}
-			fenced := func() error { return s.Update(ctx, wr("bench", 1, 0), put) }
+			fenced := func() error { return s.Update(ctx, "bench", wr("bench", 1, 0), put) }
 			compare(b, plain, fenced)
 		})
 	}

@@ -18,7 +18,7 @@
 // Update begins a transaction, checks and advances the mark, runs the
 // caller's writes and commits:
 //
-//	err = s.Update(ctx, guard.Write{Token: lease.Token()}, func(tx *sql.Tx) error {
+//	err = s.Update(ctx, "orders", guard.Write{Token: lease.Token()}, func(tx *sql.Tx) error {
 //		_, err := tx.ExecContext(ctx, "UPDATE orders SET total = $1 WHERE shard = $2", total, 7)
 //		return err
 //	})

@@ -48,7 +48,7 @@ func Example() {
 	const scope = "orders/shard-7"
 	write := func(token uint64, holder string, total int) error {
 		w := guard.Write{Token: fence.Token{Scope: scope, Value: token}}
-		return s.Update(ctx, w, func(tx *sql.Tx) error {
+		return s.Update(ctx, w.Token.Scope, w, func(tx *sql.Tx) error {
 			_, err := tx.Exec(`INSERT INTO totals VALUES (?, ?, ?)
 				ON CONFLICT (shard) DO UPDATE SET total = excluded.total, holder = excluded.holder`, "shard-7", total, holder)
 			return err

@@ -1,6 +1,7 @@
 package sqlguard_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"strings"
@@ -22,7 +23,7 @@ func TestHostileTokens(t *testing.T) {
 		rowTable(t, db, rows, 7)
 		s := newStore(t, db, d, sqlguard.WithTable(table), quiet)
 		row := sqlguard.Row{Table: rows, Key: "id", ID: 7}
-		if err := s.Update(ctx, wr("orders", 5, 2), func(*sql.Tx) error { return nil }); err != nil {
+		if err := s.Update(ctx, "orders", wr("orders", 5, 2), func(*sql.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		if err := updateRow(s, "accounts", wr("accounts", 5, 0), row, map[string]any{"balance": 1}); err != nil {
@@ -38,7 +39,7 @@ func TestHostileTokens(t *testing.T) {
 			wr(strings.Repeat("o", fence.MaxScopeLen+1), 6, 0),
 		} {
 			ran := false
-			err := s.Update(ctx, w, func(*sql.Tx) error { ran = true; return nil })
+			err := s.Update(ctx, "orders", w, func(*sql.Tx) error { ran = true; return nil })
 			if ran || !errors.Is(err, fence.ErrInvalid) {
 				t.Errorf("Update(token %d seq %d scope %.20q): ran %v, err %v; want ErrInvalid", w.Token.Value, w.Seq, w.Token.Scope, ran, err)
 			}
@@ -68,6 +69,25 @@ func TestHostileTokens(t *testing.T) {
 		var balance, token int64
 		if err := db.QueryRow("SELECT balance, fence_token FROM "+rows+" WHERE id = 7").Scan(&balance, &token); err != nil || balance != 1 || token != 5 {
 			t.Errorf("row 7: balance %d token %d, %v; want 1 and 5", balance, token, err)
+		}
+	})
+}
+
+// TestUpdateRefusesAnotherScopesToken: Update is told which scope the
+// write is for, so a genuine token of another scope cannot pass for it.
+func TestUpdateRefusesAnotherScopesToken(t *testing.T) {
+	eachDialect(t, func(t *testing.T, d sqlguard.Dialect) {
+		db, table := newDB(t, d, "")
+		s := newStore(t, db, d, sqlguard.WithTable(table), quiet)
+		ran := false
+		err := s.Update(context.Background(), "orders", wr("billing", 9, 0), func(*sql.Tx) error { ran = true; return nil })
+		if ran || !errors.Is(err, guard.ErrWrongScope) {
+			t.Fatalf("a billing token for orders: ran %v, err %v; want ErrWrongScope and nothing run", ran, err)
+		}
+		for _, scope := range []string{"orders", "billing"} {
+			if m, err := s.Highest(context.Background(), scope); err != nil || m != (guard.Mark{}) {
+				t.Errorf("Highest(%q) = %+v, %v; want no mark", scope, m, err)
+			}
 		}
 	})
 }

@@ -177,10 +177,12 @@ func (s *Store) stmt(ctx context.Context, strict bool) (*sql.Stmt, error) {
 // fails, or the commit does, the transaction rolls back with the mark, and
 // Update returns that error. fn must not commit or roll back tx.
 //
-// Update checks w as guard.Guard.Fence does for the scope of w's token,
-// with the Store's strictness, logger and observer.
-func (s *Store) Update(ctx context.Context, w guard.Write, fn func(tx *sql.Tx) error) error {
-	return s.guard.Fence(ctx, w.Token.Scope, w, func(ctx context.Context) error {
+// scope is the scope fn writes: a token of another scope is refused
+// (guard.ErrWrongScope), so a token granted for one resource cannot pass
+// for another's. Update checks w as guard.Guard.Fence does, with the
+// Store's strictness, logger, observer and verifier.
+func (s *Store) Update(ctx context.Context, scope string, w guard.Write, fn func(tx *sql.Tx) error) error {
+	return s.guard.Fence(ctx, scope, w, func(ctx context.Context) error {
 		tx, _ := TxFromContext(ctx)
 		return fn(tx)
 	})

@@ -72,7 +72,7 @@ func TestConcurrent(t *testing.T) {
 		insert := insertLog(d, name+"_log")
 		scopes := []string{"orders/1", "orders/2", "orders/3"}
 		presented := hammer(t, scopes, func(sc string, v uint64) error {
-			return s.Update(ctx, wr(sc, v, 0), func(tx *sql.Tx) error {
+			return s.Update(ctx, sc, wr(sc, v, 0), func(tx *sql.Tx) error {
 				if _, err := tx.Exec(upsert, sc, v, "written by "+strconv.FormatUint(v, 10)); err != nil {
 					return err
 				}
@@ -174,7 +174,7 @@ func TestMatchesCheck(t *testing.T) {
 			for range 150 {
 				w := wr(sc, 1+rand.Uint64N(4), rand.Uint64N(4))
 				want := guard.Check(sc, model, w, strict)
-				got := s.Update(ctx, w, func(*sql.Tx) error { return nil })
+				got := s.Update(ctx, w.Token.Scope, w, func(*sql.Tx) error { return nil })
 				if want == nil {
 					if got != nil {
 						t.Fatalf("strict %v: write %+v over %+v: %v, want accepted", strict, w, model, got)
@@ -204,7 +204,7 @@ func TestUpdate(t *testing.T) {
 		s := newStore(t, db, d, sqlguard.WithTable(name), quiet)
 		upsert := upsertValue(d, name+"_value")
 		put := func(w guard.Write, val string, fail error) error {
-			return s.Update(ctx, w, func(tx *sql.Tx) error {
+			return s.Update(ctx, w.Token.Scope, w, func(tx *sql.Tx) error {
 				if _, err := tx.Exec(upsert, w.Token.Scope, w.Token.Value, val); err != nil {
 					return err
 				}
@@ -229,7 +229,7 @@ func TestUpdate(t *testing.T) {
 			t.Fatalf("after a failed write: mark %d, value %q; want 42, from 42", m.Token, value("a"))
 		}
 		ran := false
-		err := s.Update(ctx, wr("a", 41, 0), func(*sql.Tx) error { ran = true; return nil })
+		err := s.Update(ctx, "a", wr("a", 41, 0), func(*sql.Tx) error { ran = true; return nil })
 		var stale *guard.StaleError
 		if ran || !errors.As(err, &stale) || stale.Highest != 42 || stale.Presented != 41 || stale.Scope != "a" {
 			t.Fatalf("stale write: fn ran %v, err %v; want a StaleError behind 42", ran, err)

@@ -41,14 +41,13 @@ func TestVerifierKeepsMark(t *testing.T) {
 		row := sqlguard.Row{Table: name + "_rows", Key: "id", ID: 7}
 		for _, p := range []struct {
 			name string
-			// scoped: the write is for "orders" whatever its token's
-			// scope. Update's writes are for their token's own scope.
+			// scoped: the write is for "orders" whatever its token's scope.
 			scoped bool
 			write  func(tok fence.Token) error
 			mark   func() (uint64, error)
 		}{
-			{"Update", false, func(tok fence.Token) error {
-				return s.Update(ctx, guard.Write{Token: tok}, func(*sql.Tx) error { return nil })
+			{"Update", true, func(tok fence.Token) error {
+				return s.Update(ctx, "orders", guard.Write{Token: tok}, func(*sql.Tx) error { return nil })
 			}, func() (uint64, error) {
 				m, err := s.Highest(ctx, "orders")
 				return m.Token, err
@@ -75,8 +74,6 @@ func TestVerifierKeepsMark(t *testing.T) {
 				}
 				for name, tok := range forgeries(key, genuine, "billing") {
 					err := p.write(tok)
-					// Update takes the scope from the token: it accepts a
-					// genuine token of billing as billing's write.
 					if !errors.Is(err, fence.ErrInvalid) && (p.scoped || name != "of another scope") {
 						t.Errorf("%s token: %v, want an invalid-token error", name, err)
 					}
