@@ -74,6 +74,10 @@ func TestServiceSignsAndGuardVerifies(t *testing.T) {
 
 	// Rotate: new grants carry the new key, the guard learns it by
 	// refetching, and the old token still verifies during the grace period.
+	keep, err := c.Grant(ctx, "keep")
+	if err != nil {
+		t.Fatal(err)
+	}
 	kid, err := c.RotateSigningKey(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +97,15 @@ func TestServiceSignsAndGuardVerifies(t *testing.T) {
 	}
 	if err := keys.Verify(tok1); err != nil {
 		t.Fatalf("a token of the old key during its grace period: %v", err)
+	}
+	// A lease granted before the rotation and renewed after it gets its
+	// token signed with the new key, not the old signature again.
+	r, err := c.Renew(ctx, "keep", keep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.FencingToken(); got.KeyID != kid || got.Value != keep.Token || keys.Verify(got) != nil {
+		t.Fatalf("renewal after the rotation: %+v (verify: %v); want token %d signed by %s", got, keys.Verify(got), keep.Token, kid)
 	}
 	if err := write(tok1); !errors.As(err, new(*guard.StaleError)) {
 		t.Fatalf("the old holder's write after the new one: %v, want stale", err)
