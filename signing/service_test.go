@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
@@ -52,7 +53,7 @@ func TestServiceSignsAndGuardVerifies(t *testing.T) {
 	inflated.Value = fence.MaxToken
 	foreign := tok1
 	foreign.Scope = "billing"
-	forged := signing.NewKey(testNow()).Sign(fence.Token{Scope: "orders", Value: fence.MaxToken, LeaseID: l1.ID()})
+	forged := signing.NewKey(time.Now()).Sign(fence.Token{Scope: "orders", Value: fence.MaxToken, LeaseID: l1.ID()})
 	for name, tok := range map[string]fence.Token{
 		"inflated":           inflated,
 		"unsigned":           fence.Token{Scope: "orders", Value: fence.MaxToken},

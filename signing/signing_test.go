@@ -1,6 +1,7 @@
 package signing_test
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -72,7 +73,7 @@ func TestRetiredKeyVerifiesNothing(t *testing.T) {
 
 func TestParseKeySet(t *testing.T) {
 	k := signing.NewKey(time.Now())
-	b, err := jsonFile(k.Public())
+	b, err := json.Marshal(signing.File{Keys: []signing.PublicKey{k.Public()}})
 	if err != nil {
 		t.Fatal(err)
 	}

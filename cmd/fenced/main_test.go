@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,15 +43,7 @@ type proc struct {
 }
 
 // freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func freeAddr(t testing.TB) string { return freePort(t, "127.0.0.1") }
 
 // startFenced runs fenced on dataDir and addr and waits until it grants.
 func startFenced(t testing.TB, dataDir, addr string, args ...string) *proc {

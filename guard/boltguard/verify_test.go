@@ -11,25 +11,9 @@ import (
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/guardtest"
 	"github.com/fence-dev/fence/signing"
 )
-
-// forgeries returns what a verifying guard of genuine's scope must refuse:
-// an unsigned token of 2^63−1, genuine inflated to it, a token of it signed
-// by another key, genuine re-labelled for scope other, and a genuine token
-// of key for other.
-func forgeries(key signing.PrivateKey, genuine fence.Token, other string) map[string]fence.Token {
-	inflated, relabelled := genuine, genuine
-	inflated.Value = fence.MaxToken
-	relabelled.Scope = other
-	return map[string]fence.Token{
-		"unsigned":              {Scope: genuine.Scope, Value: fence.MaxToken},
-		"inflated":              inflated,
-		"signed by another key": signing.NewKey(time.Now()).Sign(fence.Token{Scope: genuine.Scope, Value: fence.MaxToken, LeaseID: genuine.LeaseID}),
-		"re-labelled":           relabelled,
-		"of another scope":      key.Sign(fence.Token{Scope: other, Value: fence.MaxToken, LeaseID: fence.NewLeaseID()}),
-	}
-}
 
 // TestVerifierKeepsMark: a guard.Guard with a verifier over a Store
 // accepts a token its key signed, and no unsigned, inflated, forged or
@@ -58,7 +42,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 	if err := write(genuine); err != nil || mark() != 5 {
 		t.Fatalf("genuine token: %v, mark %d; want accepted, mark 5", err, mark())
 	}
-	for name, tok := range forgeries(key, genuine, "billing") {
+	for name, tok := range guardtest.Forgeries(key, genuine, "billing") {
 		if err := write(tok); !errors.Is(err, fence.ErrInvalid) {
 			t.Errorf("%s token: %v, want an invalid-token error", name, err)
 		}

@@ -10,26 +10,10 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/guardtest"
 	"github.com/fence-dev/fence/guard/httpguard"
 	"github.com/fence-dev/fence/signing"
 )
-
-// forgeries returns what a verifying guard of genuine's scope must refuse:
-// an unsigned token of 2^63−1, genuine inflated to it, a token of it signed
-// by another key, genuine re-labelled for scope other, and a genuine token
-// of key for other.
-func forgeries(key signing.PrivateKey, genuine fence.Token, other string) map[string]fence.Token {
-	inflated, relabelled := genuine, genuine
-	inflated.Value = fence.MaxToken
-	relabelled.Scope = other
-	return map[string]fence.Token{
-		"unsigned":              {Scope: genuine.Scope, Value: fence.MaxToken},
-		"inflated":              inflated,
-		"signed by another key": signing.NewKey(time.Now()).Sign(fence.Token{Scope: genuine.Scope, Value: fence.MaxToken, LeaseID: genuine.LeaseID}),
-		"re-labelled":           relabelled,
-		"of another scope":      key.Sign(fence.Token{Scope: other, Value: fence.MaxToken, LeaseID: fence.NewLeaseID()}),
-	}
-}
 
 // TestVerifierKeepsMark: Middleware over a guard with a verifier passes a
 // token the key signed, and answers 400 to an unsigned, inflated, forged
@@ -56,7 +40,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 	if code := write(genuine); code != http.StatusNoContent || ran.Load() != 1 || store.Highest("orders").Token != 5 {
 		t.Fatalf("genuine token: status %d, handler ran %d times, mark %d; want 204, once, 5", code, ran.Load(), store.Highest("orders").Token)
 	}
-	for name, tok := range forgeries(key, genuine, "billing") {
+	for name, tok := range guardtest.Forgeries(key, genuine, "billing") {
 		if code := write(tok); code != http.StatusBadRequest {
 			t.Errorf("%s token: status %d, want 400", name, code)
 		}

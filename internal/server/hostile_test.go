@@ -32,7 +32,6 @@ type hostile struct {
 	says   string // what the answer says (is allowed)
 	isErr  error  // what the Go client's error matches
 	notErr error  // what it must not match
-	bug    string // a known bug, reported; the case is skipped until it is fixed
 	scopes []string
 }
 
@@ -167,9 +166,6 @@ func TestHostileRequests(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.bug != "" {
-				t.Skip("known bug, reported: " + tc.bug)
-			}
 			m := rpc{path: tc.path}
 			scopes := append([]string{"held", "released"}, tc.scopes...)
 			check := func(how string, send func() answer) {
