@@ -105,13 +105,13 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 	if r.Outcome == fsm.Invalid {
 		return r.Err
 	}
-	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx)))
+	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx, 10*time.Second)))
 }
 
 // RemoveServer takes id out of the configuration and records it as removed
 // for good.
 func (n *Node) RemoveServer(ctx context.Context, id string) error {
-	if err := n.wait(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx))); err != nil {
+	if err := n.wait(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx, 10*time.Second))); err != nil {
 		return err
 	}
 	_, err := n.Apply(ctx, fsm.Command{Op: fsm.OpForgetNode, Node: id})
@@ -131,9 +131,11 @@ func (n *Node) wait(ctx context.Context, f raft.Future) error {
 	}
 }
 
-func timeout(ctx context.Context) time.Duration {
+// timeout is what is left of ctx's deadline, or def without one: raft's
+// calls take a duration, not a context.
+func timeout(ctx context.Context, def time.Duration) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
 		return time.Until(d)
 	}
-	return 10 * time.Second
+	return def
 }

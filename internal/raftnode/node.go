@@ -219,11 +219,7 @@ func (n *Node) watchLeadership() {
 // returns its result. An error means the outcome is unknown unless it is
 // ErrNoLeader from before the command was accepted.
 func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
-	timeout := 10 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	f := n.raft.Apply(c.Encode(), timeout)
+	f := n.raft.Apply(c.Encode(), timeout(ctx, 10*time.Second))
 	if err := f.Error(); err != nil {
 		return fsm.Result{}, raftError(err)
 	}
@@ -233,11 +229,7 @@ func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 // Barrier waits until every command committed before it is applied here.
 // A new leader calls it before serving, so its state is complete.
 func (n *Node) Barrier(ctx context.Context) error {
-	timeout := 30 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	return raftError(n.raft.Barrier(timeout).Error())
+	return raftError(n.raft.Barrier(timeout(ctx, 30*time.Second)).Error())
 }
 
 // IsLeader reports whether this node currently believes it is the leader.

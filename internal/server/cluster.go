@@ -84,9 +84,8 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 // leader, and serves it here otherwise (including when no leader is known:
 // the handler then answers Unavailable).
 func (s *Server) forward(next http.Handler) http.Handler {
-	status := "/" + fencev1connect.ClusterServiceName + "/Status"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.ready.Load() || r.URL.Path == status || r.URL.Path == keysPath || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
+		if s.ready.Load() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"net/http"
+
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
 )
 
 // routes adds fenced's plain HTTP endpoints beside the RPC services.
@@ -13,14 +15,17 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+statusClusterPath, s.serveStatusCluster)
 	mux.HandleFunc("GET "+statusLeasesPath, s.serveStatusLeases)
 	mux.HandleFunc("GET "+eventsPath, s.serveEvents)
+	mux.HandleFunc("GET "+keysPath, s.serveKeys)
 }
 
 // servedLocally reports whether a request is about this node itself
-// (metrics, health, the status page), so that a follower answers it instead
-// of forwarding it to the leader.
+// (metrics, health, the status page, its view of the cluster) or answered
+// from its own replica (the public keys), so that a follower answers it
+// instead of forwarding it to the leader.
 func servedLocally(r *http.Request) bool {
 	switch r.URL.Path {
-	case "/metrics", "/healthz", "/readyz", "/", statusClusterPath:
+	case "/metrics", "/healthz", "/readyz", "/", statusClusterPath, keysPath,
+		"/" + fencev1connect.ClusterServiceName + "/Status":
 		return true
 	}
 	return false

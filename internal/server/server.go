@@ -137,7 +137,6 @@ func Start(cfg Config) (*Server, error) {
 	}
 	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
-	mux.HandleFunc("GET "+keysPath, s.serveKeys)
 	s.routes(mux)
 	s.http = &http.Server{
 		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), s.authenticate(s.forward(mux))),
