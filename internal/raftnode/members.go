@@ -83,7 +83,7 @@ func (n *Node) RaftAddr() string {
 // answered. Reads and renewals call it so that a deposed leader that has
 // not noticed yet answers nothing on stale authority.
 func (n *Node) VerifyLeader(ctx context.Context) error {
-	return n.wait(ctx, n.raft.VerifyLeader())
+	return n.wait(ctx, n.raft.VerifyLeader)
 }
 
 // AddVoter records id's API address in the replicated state, which refuses
@@ -105,24 +105,37 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 	if r.Outcome == fsm.Invalid {
 		return r.Err
 	}
-	return n.wait(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx, 10*time.Second)))
+	return n.wait(ctx, func() raft.Future {
+		return n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx, 10*time.Second))
+	})
 }
 
 // RemoveServer takes id out of the configuration and records it as removed
 // for good.
 func (n *Node) RemoveServer(ctx context.Context, id string) error {
-	if err := n.wait(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx, 10*time.Second))); err != nil {
+	err := n.wait(ctx, func() raft.Future {
+		return n.raft.RemoveServer(raft.ServerID(id), 0, timeout(ctx, 10*time.Second))
+	})
+	if err != nil {
 		return err
 	}
-	_, err := n.Apply(ctx, fsm.Command{Op: fsm.OpForgetNode, Node: id})
+	_, err = n.Apply(ctx, fsm.Command{Op: fsm.OpForgetNode, Node: id})
 	return err
 }
 
-// wait waits for f, giving up when ctx ends; raft futures cannot be
-// cancelled, so the operation may still complete afterwards.
-func (n *Node) wait(ctx context.Context, f raft.Future) error {
+// wait starts a Raft operation and waits for its future, giving up when
+// ctx ends; raft futures cannot be cancelled, so the operation may still
+// complete afterwards (and Close waits for it).
+func (n *Node) wait(ctx context.Context, start func() raft.Future) error {
+	if !n.begin() {
+		return errClosed
+	}
+	f := start()
 	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	go func() {
+		defer n.calls.RUnlock()
+		done <- f.Error()
+	}()
 	select {
 	case err := <-done:
 		return raftError(err)

@@ -85,6 +85,13 @@ type Node struct {
 
 	mu    sync.RWMutex // guards state
 	state *fsm.State
+
+	// calls is held for reading from the start of every Raft operation
+	// until its future has answered, and for writing by Close: Raft never
+	// answers a future still queued when it shuts down, so shutting down
+	// under a waiting call would leave that call waiting for ever.
+	calls  sync.RWMutex
+	closed bool // guarded by calls
 }
 
 // ErrNoLeader reports a write or consistent read on a node that is not the
@@ -219,6 +226,10 @@ func (n *Node) watchLeadership() {
 // returns its result. An error means the outcome is unknown unless it is
 // ErrNoLeader from before the command was accepted.
 func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	if !n.begin() {
+		return fsm.Result{}, errClosed
+	}
+	defer n.calls.RUnlock()
 	f := n.raft.Apply(c.Encode(), timeout(ctx, 10*time.Second))
 	if err := f.Error(); err != nil {
 		return fsm.Result{}, raftError(err)
@@ -229,8 +240,25 @@ func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 // Barrier waits until every command committed before it is applied here.
 // A new leader calls it before serving, so its state is complete.
 func (n *Node) Barrier(ctx context.Context) error {
+	if !n.begin() {
+		return errClosed
+	}
+	defer n.calls.RUnlock()
 	return raftError(n.raft.Barrier(timeout(ctx, 30*time.Second)).Error())
 }
+
+// begin starts a Raft operation, unless the node is closed: on true, the
+// caller must release n.calls once the operation's future has answered.
+func (n *Node) begin() bool {
+	n.calls.RLock()
+	if n.closed {
+		n.calls.RUnlock()
+		return false
+	}
+	return true
+}
+
+var errClosed = fmt.Errorf("%w: shutting down", fence.ErrUnavailable)
 
 // IsLeader reports whether this node currently believes it is the leader.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
@@ -244,10 +272,21 @@ func (n *Node) Read(f func(*fsm.State)) {
 }
 
 // Snapshot takes a Raft snapshot now and compacts the log.
-func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+func (n *Node) Snapshot() error {
+	if !n.begin() {
+		return errClosed
+	}
+	defer n.calls.RUnlock()
+	return n.raft.Snapshot().Error()
+}
 
-// Close stops Raft and closes the stores.
+// Close stops Raft and closes the stores, once the operations under way
+// have answered. Raft answers each soon: a leader that cannot reach a
+// quorum steps down within its lease timeout and fails what it holds.
 func (n *Node) Close() error {
+	n.calls.Lock()
+	n.closed = true
+	n.calls.Unlock()
 	err := n.raft.Shutdown().Error()
 	close(n.done)
 	n.wg.Wait()
@@ -263,7 +302,7 @@ func raftError(err error) error {
 		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
 		return fmt.Errorf("%w (%v)", ErrNoLeader, err)
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return fmt.Errorf("%w: shutting down", fence.ErrUnavailable)
+		return errClosed
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return fmt.Errorf("%w: %v", fence.ErrUnavailable, err)
 	}

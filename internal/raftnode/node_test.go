@@ -2,8 +2,12 @@ package raftnode
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,5 +113,56 @@ func TestApplyInvalidChangesNothing(t *testing.T) {
 	n.Read(func(st *fsm.State) { snap = st.Snapshot() })
 	if string(snap) != string(fsm.New().Snapshot()) {
 		t.Fatalf("state changed by an invalid command: %s", snap)
+	}
+}
+
+// TestCloseUnderLoad closes a node while many callers apply, verify and
+// barrier: every call returns (Raft drops a future still queued when it
+// shuts down, which would leave its caller waiting for ever), and calls
+// after Close fail at once as unavailable.
+func TestCloseUnderLoad(t *testing.T) {
+	for round := range 5 {
+		n := open(t, t.TempDir())
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		var applied atomic.Int64
+		for i := range 64 {
+			wg.Go(func() {
+				for j := 0; ; j++ {
+					var err error
+					switch j % 8 {
+					case 6:
+						err = n.VerifyLeader(ctx)
+					case 7:
+						err = n.Barrier(ctx)
+					default:
+						_, err = n.Apply(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: fmt.Sprintf("s%d-%d", i, j), LeaseID: fence.NewLeaseID(), TTL: time.Minute})
+					}
+					if err != nil {
+						if !errors.Is(err, fence.ErrUnavailable) {
+							t.Errorf("round %d: a call during Close: %v; want unavailable", round, err)
+						}
+						return
+					}
+					applied.Add(1)
+				}
+			})
+		}
+		for applied.Load() < 200 {
+			time.Sleep(time.Millisecond)
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		returned := make(chan struct{})
+		go func() { wg.Wait(); close(returned) }()
+		select {
+		case <-returned:
+		case <-time.After(time.Minute):
+			t.Fatalf("round %d: calls still waiting a minute after Close returned", round)
+		}
+		if _, err := n.Apply(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "late", LeaseID: fence.NewLeaseID(), TTL: time.Minute}); !errors.Is(err, fence.ErrUnavailable) {
+			t.Fatalf("Apply after Close: %v; want unavailable", err)
+		}
 	}
 }
