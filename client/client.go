@@ -34,6 +34,7 @@ type Client struct {
 	cur   atomic.Int32 // index into nodes of the address calls go to
 	http  *http.Client
 	cfg   config
+	renew renewer // the leases' keep-alives
 }
 
 // node is one address the client may call, with its service clients.
@@ -81,6 +82,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		h = &http.Client{Transport: t}
 	}
 	c := &Client{http: h, cfg: cfg}
+	c.renew.c = c
 	var copts []connect.ClientOption
 	if cfg.bearer != "" {
 		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+cfg.bearer)))

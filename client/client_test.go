@@ -634,7 +634,7 @@ type renewCounter struct {
 }
 
 func (rc *renewCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if strings.HasSuffix(r.URL.Path, "/Renew") {
+	if strings.HasSuffix(r.URL.Path, "/Renew") || strings.HasSuffix(r.URL.Path, "/RenewBatch") {
 		rc.n.Add(1)
 	}
 	return rc.next.RoundTrip(r)

@@ -38,10 +38,13 @@
 //	}
 //
 // [Client.Acquire] returns a *[Lease] that keeps itself alive: it renews at
-// about a third of its TTL and watches its own validity. [Client.Grant]
+// about a third of its TTL and watches its own validity. The leases of one
+// Client renew together: while one renewal call is out, those that come
+// due wait and go in the next, so thousands of leases cost a few calls. [Client.Grant]
 // acquires once and returns a plain [fence.Lease]; nothing renews it, so
-// the caller must call [Client.Renew] within each TTL and [Client.Release]
-// at the end, by scope and lease ID. Grant suits programs that run their
+// the caller must call [Client.Renew] (or [Client.RenewBatch], for many
+// leases in one call) within each TTL and [Client.Release] at the end, by
+// scope and lease ID. Grant suits programs that run their
 // own timers or hand the lease ID to another process; most programs want
 // Acquire. Both answer a held scope with a *[fence.HeldError] naming the
 // holder, its token and its time left, unless [WithWait] is given: then

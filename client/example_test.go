@@ -147,3 +147,43 @@ func ExampleClient_Get() {
 	// held by worker-1, token 1, last token 1
 	// free: true, last token 1
 }
+
+func ExampleClient_RenewBatch() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	// Leases granted to this process, which runs its own renewal timer.
+	var batch []client.Renewal
+	for _, scope := range []string{"shard/1", "shard/2", "shard/3"} {
+		l, err := c.Grant(ctx, scope)
+		if err != nil {
+			log.Fatal(err)
+		}
+		batch = append(batch, client.Renewal{Scope: l.Scope, ID: l.ID})
+	}
+	if _, err := c.Release(ctx, "shard/2", batch[1].ID); err != nil {
+		log.Fatal(err)
+	}
+
+	results, err := c.RenewBatch(ctx, batch)
+	if err != nil {
+		log.Fatal(err) // nothing was renewed
+	}
+	for i, r := range results {
+		switch {
+		case errors.Is(r.Err, fence.ErrLeaseLost):
+			fmt.Println(batch[i].Scope, "lost: stop writing with its token")
+		case r.Err != nil:
+			log.Fatal(r.Err)
+		default:
+			fmt.Println(batch[i].Scope, "renewed, token", r.Lease.Token)
+		}
+	}
+	// Output:
+	// shard/1 renewed, token 1
+	// shard/2 lost: stop writing with its token
+	// shard/3 renewed, token 1
+}

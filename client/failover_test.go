@@ -236,7 +236,7 @@ type liveRenewals struct {
 
 func (lr *liveRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := lr.next.RoundTrip(r)
-	if err == nil && resp.StatusCode == http.StatusOK && r.URL.Host == lr.host && strings.HasSuffix(r.URL.Path, "/Renew") {
+	if err == nil && resp.StatusCode == http.StatusOK && r.URL.Host == lr.host && (strings.HasSuffix(r.URL.Path, "/Renew") || strings.HasSuffix(r.URL.Path, "/RenewBatch")) {
 		lr.n.Add(1)
 	}
 	return resp, err

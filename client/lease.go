@@ -195,11 +195,11 @@ func (l *Lease) keepAlive() {
 	}
 }
 
-// renewOnce sends one renewal that gives up when the lease's validity ends:
-// an answer after that would come too late to extend it.
+// renewOnce sends one renewal, in a batch with the other leases of the
+// client that are due, and gives up when the lease's validity ends: an
+// answer after that would come too late to extend it.
 func (l *Lease) renewOnce(valid time.Time) error {
 	ctx, cancel := context.WithDeadline(l.ctx, valid)
 	defer cancel()
-	_, err := l.c.Renew(ctx, l.info.Scope, l.info.ID)
-	return err
+	return l.c.renew.renew(ctx, Renewal{Scope: l.info.Scope, ID: l.info.ID})
 }

@@ -157,38 +157,47 @@ type authorizer struct{ a *Auth }
 
 func (z authorizer) check(ctx context.Context, procedure string, msg any) error {
 	id, _ := ctx.Value(identityKey{}).(string)
-	op, scope := rpcOperation(procedure, msg)
+	op, scopes := rpcOperation(procedure, msg)
 	if id == "" {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("this service needs credentials: a client certificate or a bearer token"))
 	}
-	if !z.a.allows(id, op, scope) {
-		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%q may not %s %q", id, op, scope))
+	for _, scope := range scopes {
+		if !z.a.allows(id, op, scope) {
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%q may not %s %q", id, op, scope))
+		}
 	}
 	return nil
 }
 
-// rpcOperation names the operation and scope (or prefix) of a call.
-func rpcOperation(procedure string, msg any) (op, scope string) {
+// rpcOperation names the operation of a call and the scopes (or prefixes)
+// it touches, each of which the caller must be allowed.
+func rpcOperation(procedure string, msg any) (op string, scopes []string) {
 	if strings.HasPrefix(procedure, "/"+fencev1connect.ClusterServiceName+"/") {
-		return "cluster", ""
+		return "cluster", []string{""}
 	}
 	switch m := msg.(type) {
 	case *fencev1.AcquireRequest:
-		return "acquire", m.Scope
+		return "acquire", []string{m.Scope}
 	case *fencev1.RenewRequest:
-		return "renew", m.Scope
+		return "renew", []string{m.Scope}
+	case *fencev1.RenewBatchRequest:
+		scopes = make([]string, len(m.Renewals))
+		for i, r := range m.Renewals {
+			scopes[i] = r.GetScope()
+		}
+		return "renew", scopes
 	case *fencev1.ReleaseRequest:
-		return "release", m.Scope
+		return "release", []string{m.Scope}
 	case *fencev1.GetRequest:
-		return "get", m.Scope
+		return "get", []string{m.Scope}
 	case *fencev1.ListRequest:
-		return "list", m.Prefix
+		return "list", []string{m.Prefix}
 	case *fencev1.WatchRequest:
-		return "watch", m.Prefix
+		return "watch", []string{m.Prefix}
 	case *fencev1.ReportRejectionsRequest:
-		return "report", reportPrefix(m)
+		return "report", []string{reportPrefix(m)}
 	}
-	return "unknown", ""
+	return "unknown", []string{""}
 }
 
 // reportPrefix is the longest common prefix of a report's scopes: the

@@ -122,6 +122,16 @@ func TestAuthorizationMatrix(t *testing.T) {
 			}
 			_, err = lease.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: row.scope, LeaseId: id}))
 			check("Renew", err, row.want)
+			batch, err := lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}}}))
+			check("RenewBatch", err, row.want)
+			if valid && (len(batch.Msg.Results) != 1 || batch.Msg.Results[0].Lease.GetLeaseId() != id) {
+				t.Errorf("RenewBatch: %v; want the lease renewed", batch.Msg)
+			}
+			if valid {
+				// Every scope of a batch must be allowed, not just the first.
+				_, err = lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}, {Scope: "billing/1", LeaseId: id}}}))
+				check("RenewBatch with a scope outside the rules", err, connect.CodePermissionDenied)
+			}
 			_, err = lease.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: row.scope}))
 			check("Get", err, row.want)
 			list, err := lease.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: row.scope}))

@@ -320,7 +320,11 @@ var fuzzSeeds = map[string][]string{
 		`{"scope":"../x"}`, `{"scope":""}`, `{"scope":"a\u0000b"}`, `{"scope":1e309}`,
 		`{"scope":"x","request_id":"` + strings.Repeat("r", 65) + `"}`,
 	},
-	"Renew":   {`{"scope":"held","lease_id":"00000000000000000000000000000001"}`, `{"scope":"held","lease_id":"zz"}`, `{"scope":"held"}`},
+	"Renew": {`{"scope":"held","lease_id":"00000000000000000000000000000001"}`, `{"scope":"held","lease_id":"zz"}`, `{"scope":"held"}`},
+	"RenewBatch": {
+		`{"renewals":[{"scope":"held","lease_id":"00000000000000000000000000000001"},{"scope":"never","lease_id":"00000000000000000000000000000002"}]}`,
+		`{"renewals":[]}`, `{"renewals":[{"scope":"held"}]}`, `{"renewals":[{}]}`,
+	},
 	"Release": {`{"scope":"held","lease_id":"00000000000000000000000000000001"}`, `{"scope":"held","lease_id":"` + strings.Repeat("f", 33) + `"}`},
 	"Get":     {`{"scope":"held"}`, `{"scope":"never"}`, `{"scope":"a//b"}`, `{}`},
 	"List":    {`{}`, `{"prefix":"he","page_size":1}`, `{"page_size":1001}`, `{"page_token":"!!"}`, `{"page_token":"Li4"}`},

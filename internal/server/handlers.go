@@ -118,12 +118,8 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	r, ttl := s.deadlines.renew(scope, time.Now(), func() (r fsm.Result) {
-		s.node.Read(func(st *fsm.State) { r = st.Check(scope, id) })
-		return r
-	})
+	r, ttl := s.extend(scope, id)
 	if r.Outcome != fsm.Granted {
-		s.renewRefused(r)
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
 	// A deposed leader that has not noticed must not confirm: the new
@@ -131,12 +127,84 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.node.VerifyLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
+	return connect.NewResponse(&fencev1.RenewResponse{Lease: s.confirmRenewal(ctx, scope, r.Lease, ttl)}), nil
+}
+
+// maxRenewBatch bounds the renewals of one RenewBatch request.
+const maxRenewBatch = 1000
+
+// RenewBatch implements fence.v1.LeaseService.RenewBatch: each renewal is
+// decided as Renew decides it, and one leadership check covers them all.
+func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.RenewBatchRequest]) (*connect.Response[fencev1.RenewBatchResponse], error) {
+	rs := req.Msg.Renewals
+	if len(rs) == 0 || len(rs) > maxRenewBatch {
+		return nil, wire.ToConnect(&fence.InvalidError{Field: "renewals", Reason: fmt.Sprintf("%d in one batch, want 1 to %d", len(rs), maxRenewBatch)})
+	}
+	type renewal struct {
+		scope string
+		id    fence.LeaseID
+		r     fsm.Result
+		ttl   time.Duration
+	}
+	batch := make([]renewal, len(rs))
+	for i, r := range rs {
+		scope, id, err := scopeAndID(r.Scope, r.LeaseId)
+		if err != nil {
+			var inv *fence.InvalidError
+			if errors.As(err, &inv) {
+				err = &fence.InvalidError{Field: fmt.Sprintf("renewals[%d].%s", i, inv.Field), Reason: inv.Reason}
+			}
+			return nil, wire.ToConnect(err)
+		}
+		batch[i] = renewal{scope: scope, id: id}
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	extended := false
+	for i := range batch {
+		b := &batch[i]
+		b.r, b.ttl = s.extend(b.scope, b.id)
+		extended = extended || b.r.Outcome == fsm.Granted
+	}
+	if extended {
+		if err := s.node.VerifyLeader(ctx); err != nil {
+			return nil, wire.ToConnect(err)
+		}
+	}
+	out := make([]*fencev1.RenewResult, len(batch))
+	for i, b := range batch {
+		if b.r.Outcome != fsm.Granted {
+			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(s.outcomeError(b.r))}
+			continue
+		}
+		out[i] = &fencev1.RenewResult{Lease: s.confirmRenewal(ctx, b.scope, b.r.Lease, b.ttl)}
+	}
+	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
+}
+
+// extend moves a lease's deadline a full TTL ahead if id is the scope's
+// current lease and its expiry has not been decided; a lease found lost is
+// published as such. The caller confirms only after VerifyLeader.
+func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
+	r, ttl := s.deadlines.renew(scope, time.Now(), func() (r fsm.Result) {
+		s.node.Read(func(st *fsm.State) { r = st.Check(scope, id) })
+		return r
+	})
+	if r.Outcome != fsm.Granted {
+		s.renewRefused(r)
+	}
+	return r, ttl
+}
+
+// confirmRenewal records a renewal confirmed to its holder and returns the
+// renewed lease.
+func (s *Server) confirmRenewal(ctx context.Context, scope string, l fsm.Lease, ttl time.Duration) *fencev1.Lease {
 	s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
-		slog.String("scope", scope), slog.Uint64("token", r.Lease.Token),
-		slog.String("lease_id", id.String()), slog.String("holder", r.Lease.Holder), slog.Duration("ttl", ttl))
-	s.renewed(scope, r.Lease)
-	l := s.lease(scope, r.Lease, true)
-	return connect.NewResponse(&fencev1.RenewResponse{Lease: l}), nil
+		slog.String("scope", scope), slog.Uint64("token", l.Token),
+		slog.String("lease_id", l.ID.String()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
+	s.renewed(scope, l)
+	return s.lease(scope, l, true)
 }
 
 // Release implements fence.v1.LeaseService.Release.

@@ -24,9 +24,10 @@ import (
 	"github.com/fence-dev/fence/internal/raftnode"
 )
 
-// maxRequestBytes bounds an API request body; the largest valid request is
-// well under 1 KiB.
-const maxRequestBytes = 64 << 10
+// maxRequestBytes bounds an API request body. The largest valid requests, a
+// full RenewBatch or ReportRejections with the longest scopes in JSON, are
+// under 400 KiB; every other one is under 1 KiB.
+const maxRequestBytes = 512 << 10
 
 // Server is a running fenced. Its methods are safe for concurrent use.
 type Server struct {

@@ -129,6 +129,35 @@ func FromConnect(err error) error {
 	return err
 }
 
+// ToFailure turns the error of one renewal in a batch into its wire form:
+// what Renew would have answered for it.
+func ToFailure(err error) *fencev1.RenewFailure {
+	ce := ToConnect(err)
+	f := &fencev1.RenewFailure{Code: ce.Code().String(), Message: ce.Message()}
+	for _, d := range ce.Details() {
+		if v, _ := d.Value(); v != nil {
+			if c, ok := v.(*fencev1.LeaseConflict); ok {
+				f.Conflict = c
+			}
+		}
+	}
+	return f
+}
+
+// FromFailure turns a renewal's failure in a batch back into the error
+// Renew would have returned.
+func FromFailure(f *fencev1.RenewFailure) error {
+	var code connect.Code
+	if err := code.UnmarshalText([]byte(f.GetCode())); err != nil {
+		code = connect.CodeUnknown
+	}
+	ce := connect.NewError(code, errors.New(f.GetMessage()))
+	if f.GetConflict() != nil {
+		addDetail(ce, f.GetConflict())
+	}
+	return FromConnect(ce)
+}
+
 // withSentinel returns an error that matches sentinel and reads as the
 // service's message, naming the sentinel only if the message does not.
 func withSentinel(sentinel error, msg string) error {

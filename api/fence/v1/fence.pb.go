@@ -429,6 +429,213 @@ func (x *RenewResponse) GetLease() *Lease {
 	return nil
 }
 
+type RenewBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 1000 renewals; a scope may appear once.
+	Renewals      []*RenewRequest `protobuf:"bytes,1,rep,name=renewals,proto3" json:"renewals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewBatchRequest) Reset() {
+	*x = RenewBatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewBatchRequest) ProtoMessage() {}
+
+func (x *RenewBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewBatchRequest.ProtoReflect.Descriptor instead.
+func (*RenewBatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RenewBatchRequest) GetRenewals() []*RenewRequest {
+	if x != nil {
+		return x.Renewals
+	}
+	return nil
+}
+
+type RenewBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per renewal, in the request's order.
+	Results       []*RenewResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewBatchResponse) Reset() {
+	*x = RenewBatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewBatchResponse) ProtoMessage() {}
+
+func (x *RenewBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewBatchResponse.ProtoReflect.Descriptor instead.
+func (*RenewBatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RenewBatchResponse) GetResults() []*RenewResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// RenewResult is one renewal's answer: the renewed lease, or the error that
+// Renew would have answered for it.
+type RenewResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	Failure       *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewResult) Reset() {
+	*x = RenewResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewResult) ProtoMessage() {}
+
+func (x *RenewResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewResult.ProtoReflect.Descriptor instead.
+func (*RenewResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RenewResult) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *RenewResult) GetFailure() *RenewFailure {
+	if x != nil {
+		return x.Failure
+	}
+	return nil
+}
+
+// RenewFailure is a renewal refused inside a batch.
+type RenewFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Connect code name, as Renew would answer it: "failed_precondition"
+	// for a lease that is no longer current.
+	Code          string         `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string         `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Conflict      *LeaseConflict `protobuf:"bytes,3,opt,name=conflict,proto3" json:"conflict,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewFailure) Reset() {
+	*x = RenewFailure{}
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewFailure) ProtoMessage() {}
+
+func (x *RenewFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewFailure.ProtoReflect.Descriptor instead.
+func (*RenewFailure) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RenewFailure) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RenewFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RenewFailure) GetConflict() *LeaseConflict {
+	if x != nil {
+		return x.Conflict
+	}
+	return nil
+}
+
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -439,7 +646,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +658,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +671,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetScope() string {
@@ -492,7 +699,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +711,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +724,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetScope() string {
@@ -543,7 +750,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +762,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +775,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRequest) GetScope() string {
@@ -593,7 +800,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +812,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +825,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetResponse) GetScope() string {
@@ -663,7 +870,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +882,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +895,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -724,7 +931,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +943,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +956,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetLeases() []*Lease {
@@ -782,7 +989,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +1001,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +1014,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -843,7 +1050,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +1062,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +1075,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -914,7 +1121,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1133,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1146,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchEvent) GetPosition() uint64 {
@@ -1028,7 +1235,7 @@ type ReportRejectionsRequest struct {
 
 func (x *ReportRejectionsRequest) Reset() {
 	*x = ReportRejectionsRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1247,7 @@ func (x *ReportRejectionsRequest) String() string {
 func (*ReportRejectionsRequest) ProtoMessage() {}
 
 func (x *ReportRejectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1260,7 @@ func (x *ReportRejectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRejectionsRequest.ProtoReflect.Descriptor instead.
 func (*ReportRejectionsRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReportRejectionsRequest) GetGuard() string {
@@ -1093,7 +1300,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1312,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1325,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Rejection) GetScope() string {
@@ -1157,7 +1364,7 @@ type ReportRejectionsResponse struct {
 
 func (x *ReportRejectionsResponse) Reset() {
 	*x = ReportRejectionsResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1376,7 @@ func (x *ReportRejectionsResponse) String() string {
 func (*ReportRejectionsResponse) ProtoMessage() {}
 
 func (x *ReportRejectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1389,7 @@ func (x *ReportRejectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRejectionsResponse.ProtoReflect.Descriptor instead.
 func (*ReportRejectionsResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 // LeaseConflict is the detail of ABORTED (the scope is held) and
@@ -1204,7 +1411,7 @@ type LeaseConflict struct {
 
 func (x *LeaseConflict) Reset() {
 	*x = LeaseConflict{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1423,7 @@ func (x *LeaseConflict) String() string {
 func (*LeaseConflict) ProtoMessage() {}
 
 func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1436,7 @@ func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConflict.ProtoReflect.Descriptor instead.
 func (*LeaseConflict) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LeaseConflict) GetScope() string {
@@ -1285,7 +1492,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1504,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1517,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -1357,7 +1564,18 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"6\n" +
 	"\rRenewResponse\x12%\n" +
-	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\"A\n" +
+	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\"G\n" +
+	"\x11RenewBatchRequest\x122\n" +
+	"\brenewals\x18\x01 \x03(\v2\x16.fence.v1.RenewRequestR\brenewals\"E\n" +
+	"\x12RenewBatchResponse\x12/\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.fence.v1.RenewResultR\aresults\"f\n" +
+	"\vRenewResult\x12%\n" +
+	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\x120\n" +
+	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\"q\n" +
+	"\fRenewFailure\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x123\n" +
+	"\bconflict\x18\x03 \x01(\v2\x17.fence.v1.LeaseConflictR\bconflict\"A\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"=\n" +
@@ -1433,10 +1651,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12EVENT_KIND_EXPIRED\x10\x04\x12\x13\n" +
 	"\x0fEVENT_KIND_LOST\x10\x05\x12\x17\n" +
 	"\x13EVENT_KIND_REJECTED\x10\x06\x12\x13\n" +
-	"\x0fEVENT_KIND_HELD\x10\a2\xd9\x03\n" +
+	"\x0fEVENT_KIND_HELD\x10\a2\xa2\x04\n" +
 	"\fLeaseService\x12>\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\x128\n" +
-	"\x05Renew\x12\x16.fence.v1.RenewRequest\x1a\x17.fence.v1.RenewResponse\x12>\n" +
+	"\x05Renew\x12\x16.fence.v1.RenewRequest\x1a\x17.fence.v1.RenewResponse\x12G\n" +
+	"\n" +
+	"RenewBatch\x12\x1b.fence.v1.RenewBatchRequest\x1a\x1c.fence.v1.RenewBatchResponse\x12>\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\x127\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x03\x90\x02\x01\x12?\n" +
@@ -1456,7 +1676,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(EventKind)(0),                   // 0: fence.v1.EventKind
 	(*Lease)(nil),                    // 1: fence.v1.Lease
@@ -1464,58 +1684,69 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*AcquireResponse)(nil),          // 3: fence.v1.AcquireResponse
 	(*RenewRequest)(nil),             // 4: fence.v1.RenewRequest
 	(*RenewResponse)(nil),            // 5: fence.v1.RenewResponse
-	(*ReleaseRequest)(nil),           // 6: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 7: fence.v1.ReleaseResponse
-	(*GetRequest)(nil),               // 8: fence.v1.GetRequest
-	(*GetResponse)(nil),              // 9: fence.v1.GetResponse
-	(*ListRequest)(nil),              // 10: fence.v1.ListRequest
-	(*ListResponse)(nil),             // 11: fence.v1.ListResponse
-	(*WatchRequest)(nil),             // 12: fence.v1.WatchRequest
-	(*WatchResponse)(nil),            // 13: fence.v1.WatchResponse
-	(*WatchEvent)(nil),               // 14: fence.v1.WatchEvent
-	(*ReportRejectionsRequest)(nil),  // 15: fence.v1.ReportRejectionsRequest
-	(*Rejection)(nil),                // 16: fence.v1.Rejection
-	(*ReportRejectionsResponse)(nil), // 17: fence.v1.ReportRejectionsResponse
-	(*LeaseConflict)(nil),            // 18: fence.v1.LeaseConflict
-	(*FieldViolation)(nil),           // 19: fence.v1.FieldViolation
-	(*durationpb.Duration)(nil),      // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
+	(*RenewBatchRequest)(nil),        // 6: fence.v1.RenewBatchRequest
+	(*RenewBatchResponse)(nil),       // 7: fence.v1.RenewBatchResponse
+	(*RenewResult)(nil),              // 8: fence.v1.RenewResult
+	(*RenewFailure)(nil),             // 9: fence.v1.RenewFailure
+	(*ReleaseRequest)(nil),           // 10: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 11: fence.v1.ReleaseResponse
+	(*GetRequest)(nil),               // 12: fence.v1.GetRequest
+	(*GetResponse)(nil),              // 13: fence.v1.GetResponse
+	(*ListRequest)(nil),              // 14: fence.v1.ListRequest
+	(*ListResponse)(nil),             // 15: fence.v1.ListResponse
+	(*WatchRequest)(nil),             // 16: fence.v1.WatchRequest
+	(*WatchResponse)(nil),            // 17: fence.v1.WatchResponse
+	(*WatchEvent)(nil),               // 18: fence.v1.WatchEvent
+	(*ReportRejectionsRequest)(nil),  // 19: fence.v1.ReportRejectionsRequest
+	(*Rejection)(nil),                // 20: fence.v1.Rejection
+	(*ReportRejectionsResponse)(nil), // 21: fence.v1.ReportRejectionsResponse
+	(*LeaseConflict)(nil),            // 22: fence.v1.LeaseConflict
+	(*FieldViolation)(nil),           // 23: fence.v1.FieldViolation
+	(*durationpb.Duration)(nil),      // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	20, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	20, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
-	21, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	20, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	24, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	24, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
+	25, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	24, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 4: fence.v1.AcquireResponse.lease:type_name -> fence.v1.Lease
 	1,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
-	1,  // 6: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
-	1,  // 7: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
-	14, // 8: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
-	0,  // 9: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
-	20, // 10: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
-	21, // 11: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
-	16, // 12: fence.v1.ReportRejectionsRequest.rejections:type_name -> fence.v1.Rejection
-	21, // 13: fence.v1.Rejection.time:type_name -> google.protobuf.Timestamp
-	20, // 14: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
-	2,  // 15: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
-	4,  // 16: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
-	6,  // 17: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
-	8,  // 18: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
-	10, // 19: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
-	12, // 20: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
-	15, // 21: fence.v1.LeaseService.ReportRejections:input_type -> fence.v1.ReportRejectionsRequest
-	3,  // 22: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
-	5,  // 23: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
-	7,  // 24: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
-	9,  // 25: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
-	11, // 26: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
-	13, // 27: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
-	17, // 28: fence.v1.LeaseService.ReportRejections:output_type -> fence.v1.ReportRejectionsResponse
-	22, // [22:29] is the sub-list for method output_type
-	15, // [15:22] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 6: fence.v1.RenewBatchRequest.renewals:type_name -> fence.v1.RenewRequest
+	8,  // 7: fence.v1.RenewBatchResponse.results:type_name -> fence.v1.RenewResult
+	1,  // 8: fence.v1.RenewResult.lease:type_name -> fence.v1.Lease
+	9,  // 9: fence.v1.RenewResult.failure:type_name -> fence.v1.RenewFailure
+	22, // 10: fence.v1.RenewFailure.conflict:type_name -> fence.v1.LeaseConflict
+	1,  // 11: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
+	1,  // 12: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
+	18, // 13: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
+	0,  // 14: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
+	24, // 15: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
+	25, // 16: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
+	20, // 17: fence.v1.ReportRejectionsRequest.rejections:type_name -> fence.v1.Rejection
+	25, // 18: fence.v1.Rejection.time:type_name -> google.protobuf.Timestamp
+	24, // 19: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
+	2,  // 20: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
+	4,  // 21: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
+	6,  // 22: fence.v1.LeaseService.RenewBatch:input_type -> fence.v1.RenewBatchRequest
+	10, // 23: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
+	12, // 24: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
+	14, // 25: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
+	16, // 26: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
+	19, // 27: fence.v1.LeaseService.ReportRejections:input_type -> fence.v1.ReportRejectionsRequest
+	3,  // 28: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
+	5,  // 29: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
+	7,  // 30: fence.v1.LeaseService.RenewBatch:output_type -> fence.v1.RenewBatchResponse
+	11, // 31: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
+	13, // 32: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
+	15, // 33: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
+	17, // 34: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
+	21, // 35: fence.v1.LeaseService.ReportRejections:output_type -> fence.v1.ReportRejectionsResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -1529,7 +1760,7 @@ func file_fence_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

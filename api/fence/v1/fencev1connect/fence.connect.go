@@ -41,6 +41,8 @@ const (
 	LeaseServiceAcquireProcedure = "/fence.v1.LeaseService/Acquire"
 	// LeaseServiceRenewProcedure is the fully-qualified name of the LeaseService's Renew RPC.
 	LeaseServiceRenewProcedure = "/fence.v1.LeaseService/Renew"
+	// LeaseServiceRenewBatchProcedure is the fully-qualified name of the LeaseService's RenewBatch RPC.
+	LeaseServiceRenewBatchProcedure = "/fence.v1.LeaseService/RenewBatch"
 	// LeaseServiceReleaseProcedure is the fully-qualified name of the LeaseService's Release RPC.
 	LeaseServiceReleaseProcedure = "/fence.v1.LeaseService/Release"
 	// LeaseServiceGetProcedure is the fully-qualified name of the LeaseService's Get RPC.
@@ -63,6 +65,11 @@ type LeaseServiceClient interface {
 	// Renew extends the current lease by its TTL. The token does not change.
 	// A lease that is no longer current answers FAILED_PRECONDITION.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// RenewBatch renews several leases in one call, each on its own: the
+	// answer has one result per renewal, in order, holding the renewed lease
+	// or why that lease could not be renewed. An error for the whole call
+	// (a malformed renewal, no leader, permission denied) renews nothing.
+	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
 	// counter is kept: the next grant takes a greater token.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -113,6 +120,12 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(leaseServiceMethods.ByName("Renew")),
 			connect.WithClientOptions(opts...),
 		),
+		renewBatch: connect.NewClient[v1.RenewBatchRequest, v1.RenewBatchResponse](
+			httpClient,
+			baseURL+LeaseServiceRenewBatchProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("RenewBatch")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+LeaseServiceReleaseProcedure,
@@ -153,6 +166,7 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 type leaseServiceClient struct {
 	acquire          *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
 	renew            *connect.Client[v1.RenewRequest, v1.RenewResponse]
+	renewBatch       *connect.Client[v1.RenewBatchRequest, v1.RenewBatchResponse]
 	release          *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	get              *connect.Client[v1.GetRequest, v1.GetResponse]
 	list             *connect.Client[v1.ListRequest, v1.ListResponse]
@@ -168,6 +182,11 @@ func (c *leaseServiceClient) Acquire(ctx context.Context, req *connect.Request[v
 // Renew calls fence.v1.LeaseService.Renew.
 func (c *leaseServiceClient) Renew(ctx context.Context, req *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return c.renew.CallUnary(ctx, req)
+}
+
+// RenewBatch calls fence.v1.LeaseService.RenewBatch.
+func (c *leaseServiceClient) RenewBatch(ctx context.Context, req *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
+	return c.renewBatch.CallUnary(ctx, req)
 }
 
 // Release calls fence.v1.LeaseService.Release.
@@ -204,6 +223,11 @@ type LeaseServiceHandler interface {
 	// Renew extends the current lease by its TTL. The token does not change.
 	// A lease that is no longer current answers FAILED_PRECONDITION.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// RenewBatch renews several leases in one call, each on its own: the
+	// answer has one result per renewal, in order, holding the renewed lease
+	// or why that lease could not be renewed. An error for the whole call
+	// (a malformed renewal, no leader, permission denied) renews nothing.
+	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
 	// counter is kept: the next grant takes a greater token.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -250,6 +274,12 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(leaseServiceMethods.ByName("Renew")),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceRenewBatchHandler := connect.NewUnaryHandler(
+		LeaseServiceRenewBatchProcedure,
+		svc.RenewBatch,
+		connect.WithSchema(leaseServiceMethods.ByName("RenewBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	leaseServiceReleaseHandler := connect.NewUnaryHandler(
 		LeaseServiceReleaseProcedure,
 		svc.Release,
@@ -289,6 +319,8 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceAcquireHandler.ServeHTTP(w, r)
 		case LeaseServiceRenewProcedure:
 			leaseServiceRenewHandler.ServeHTTP(w, r)
+		case LeaseServiceRenewBatchProcedure:
+			leaseServiceRenewBatchHandler.ServeHTTP(w, r)
 		case LeaseServiceReleaseProcedure:
 			leaseServiceReleaseHandler.ServeHTTP(w, r)
 		case LeaseServiceGetProcedure:
@@ -314,6 +346,10 @@ func (UnimplementedLeaseServiceHandler) Acquire(context.Context, *connect.Reques
 
 func (UnimplementedLeaseServiceHandler) Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.Renew is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.RenewBatch is not implemented"))
 }
 
 func (UnimplementedLeaseServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {

@@ -1,0 +1,120 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/wire"
+)
+
+// TestRenewBatch: each renewal of a batch is answered on its own, as Renew
+// would answer it, in the request's order.
+func TestRenewBatch(t *testing.T) {
+	s := startWith(t, func(*Config) {})
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx := context.Background()
+	acquire := func(scope string) *fencev1.Lease {
+		t.Helper()
+		r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: "h", Ttl: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Msg.Lease
+	}
+	a, b, c := acquire("a"), acquire("b"), acquire("c")
+	if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "b", LeaseId: b.LeaseId})); err != nil {
+		t.Fatal(err)
+	}
+	unknown := fence.NewLeaseID().String()
+	resp, err := rpc.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{
+		{Scope: "a", LeaseId: a.LeaseId},
+		{Scope: "b", LeaseId: b.LeaseId},
+		{Scope: "c", LeaseId: c.LeaseId},
+		{Scope: "c", LeaseId: unknown},
+		{Scope: "a", LeaseId: a.LeaseId}, // twice is harmless
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.Msg.Results
+	if len(got) != 5 {
+		t.Fatalf("%d results, want 5", len(got))
+	}
+	for _, i := range []int{0, 2, 4} {
+		want := []*fencev1.Lease{a, b, c, nil, a}[i]
+		if l := got[i].Lease; l == nil || got[i].Failure != nil || l.Scope != want.Scope || l.Token != want.Token || l.LeaseId != want.LeaseId || l.TokenText != want.TokenText {
+			t.Errorf("result %d = %v; want %s renewed with token %d", i, got[i], want.Scope, want.Token)
+		}
+	}
+	var lost *fence.LostError
+	if err := wire.FromFailure(got[1].Failure); got[1].Lease != nil || !errors.As(err, &lost) || lost.Token != b.Token {
+		t.Errorf("released b: %v, %v; want lost with token %d", got[1], err, b.Token)
+	}
+	if err := wire.FromFailure(got[3].Failure); got[3].Lease != nil || !errors.Is(err, fence.ErrNotHolder) || got[3].Failure.Code != "not_found" {
+		t.Errorf("c with an unknown ID: %v, %v; want not the holder", got[3], err)
+	}
+	// The same failures as Renew's, code and message.
+	_, one := rpc.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: "b", LeaseId: b.LeaseId}))
+	if f := got[1].Failure; connect.CodeOf(one).String() != f.Code || !strings.Contains(one.Error(), f.Message) {
+		t.Errorf("batch failure %v; Renew answered %v", f, one)
+	}
+}
+
+// TestRenewBatchBadInput: a malformed batch is refused as a whole, saying
+// which renewal is wrong, and renews nothing.
+func TestRenewBatchBadInput(t *testing.T) {
+	s := startWith(t, func(*Config) {})
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx := context.Background()
+	r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "a", Holder: "h", Ttl: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := func() time.Duration {
+		t.Helper()
+		g, err := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: "a"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.Msg.Lease.ExpiresIn.AsDuration()
+	}
+	time.Sleep(100 * time.Millisecond)
+	before := left()
+	good := &fencev1.RenewRequest{Scope: "a", LeaseId: r.Msg.Lease.LeaseId}
+	full := make([]*fencev1.RenewRequest, maxRenewBatch+1)
+	for i := range full {
+		full[i] = good
+	}
+	cases := []struct {
+		name     string
+		renewals []*fencev1.RenewRequest
+		field    string
+	}{
+		{"empty", nil, "renewals"},
+		{"too many", full, "renewals"},
+		{"bad scope", []*fencev1.RenewRequest{good, {Scope: "a b", LeaseId: good.LeaseId}}, "renewals[1].scope"},
+		{"empty scope", []*fencev1.RenewRequest{good, {LeaseId: good.LeaseId}}, "renewals[1].scope"},
+		{"truncated lease ID", []*fencev1.RenewRequest{good, good, {Scope: "a", LeaseId: good.LeaseId[:20]}}, "renewals[2].lease_id"},
+	}
+	for _, tc := range cases {
+		_, err := rpc.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: tc.renewals}))
+		var inv *fence.InvalidError
+		if !errors.As(wire.FromConnect(err), &inv) || inv.Field != tc.field {
+			t.Errorf("%s: %v; want invalid %s", tc.name, err, tc.field)
+		}
+	}
+	// Nothing was renewed: a renewal would have moved the deadline a full
+	// TTL ahead of now, past where it was.
+	if after := left(); after > before {
+		t.Errorf("time left %v after the refused batches, %v before: a renewal slipped through", after, before)
+	}
+}
