@@ -23,11 +23,12 @@ type Renewal struct {
 	ID    fence.LeaseID
 }
 
-// RenewResult is one lease's answer in RenewBatch: the renewed lease, or
-// the error Renew would have returned for it.
+// RenewResult is one lease's answer in RenewBatch: its time left, a full
+// TTL from when the service renewed it, or the error Renew would have
+// returned for it. The lease's token does not change.
 type RenewResult struct {
-	Lease fence.Lease
-	Err   error
+	ExpiresIn time.Duration
+	Err       error
 }
 
 // RenewBatch renews up to MaxRenewBatch leases in one call, each on its
@@ -58,7 +59,7 @@ func (c *Client) RenewBatch(ctx context.Context, rs []Renewal) ([]RenewResult, e
 			out[i].Err = fmt.Errorf("renew %q: %w", rs[i].Scope, wire.FromFailure(r.Failure))
 			continue
 		}
-		out[i].Lease = wire.LeaseFrom(r.Lease)
+		out[i].ExpiresIn = r.ExpiresIn.AsDuration()
 	}
 	return out, nil
 }

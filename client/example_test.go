@@ -179,11 +179,11 @@ func ExampleClient_RenewBatch() {
 		case r.Err != nil:
 			log.Fatal(r.Err)
 		default:
-			fmt.Println(batch[i].Scope, "renewed, token", r.Lease.Token)
+			fmt.Println(batch[i].Scope, "renewed for", r.ExpiresIn)
 		}
 	}
 	// Output:
-	// shard/1 renewed, token 1
+	// shard/1 renewed for 10s
 	// shard/2 lost: stop writing with its token
-	// shard/3 renewed, token 1
+	// shard/3 renewed for 10s
 }

@@ -124,7 +124,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 			check("Renew", err, row.want)
 			batch, err := lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}}}))
 			check("RenewBatch", err, row.want)
-			if valid && (len(batch.Msg.Results) != 1 || batch.Msg.Results[0].Lease.GetLeaseId() != id) {
+			if valid && (len(batch.Msg.Results) != 1 || batch.Msg.Results[0].ExpiresIn.AsDuration() <= 0) {
 				t.Errorf("RenewBatch: %v; want the lease renewed", batch.Msg)
 			}
 			if valid {

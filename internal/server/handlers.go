@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
@@ -127,7 +128,8 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.node.VerifyLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	return connect.NewResponse(&fencev1.RenewResponse{Lease: s.confirmRenewal(ctx, scope, r.Lease, ttl)}), nil
+	s.confirmed(ctx, scope, r.Lease, ttl)
+	return connect.NewResponse(&fencev1.RenewResponse{Lease: s.lease(scope, r.Lease, true)}), nil
 }
 
 // maxRenewBatch bounds the renewals of one RenewBatch request.
@@ -178,7 +180,8 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(s.outcomeError(b.r))}
 			continue
 		}
-		out[i] = &fencev1.RenewResult{Lease: s.confirmRenewal(ctx, b.scope, b.r.Lease, b.ttl)}
+		s.confirmed(ctx, b.scope, b.r.Lease, b.ttl)
+		out[i] = &fencev1.RenewResult{ExpiresIn: durationpb.New(b.ttl)}
 	}
 	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
 }
@@ -197,14 +200,14 @@ func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Durati
 	return r, ttl
 }
 
-// confirmRenewal records a renewal confirmed to its holder and returns the
-// renewed lease.
-func (s *Server) confirmRenewal(ctx context.Context, scope string, l fsm.Lease, ttl time.Duration) *fencev1.Lease {
-	s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
-		slog.String("scope", scope), slog.Uint64("token", l.Token),
-		slog.String("lease_id", l.ID.String()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
+// confirmed records a renewal confirmed to its holder.
+func (s *Server) confirmed(ctx context.Context, scope string, l fsm.Lease, ttl time.Duration) {
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
+			slog.String("scope", scope), slog.Uint64("token", l.Token),
+			slog.String("lease_id", l.ID.String()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
+	}
 	s.renewed(scope, l)
-	return s.lease(scope, l, true)
 }
 
 // Release implements fence.v1.LeaseService.Release.

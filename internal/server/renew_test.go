@@ -50,16 +50,19 @@ func TestRenewBatch(t *testing.T) {
 		t.Fatalf("%d results, want 5", len(got))
 	}
 	for _, i := range []int{0, 2, 4} {
-		want := []*fencev1.Lease{a, b, c, nil, a}[i]
-		if l := got[i].Lease; l == nil || got[i].Failure != nil || l.Scope != want.Scope || l.Token != want.Token || l.LeaseId != want.LeaseId || l.TokenText != want.TokenText {
-			t.Errorf("result %d = %v; want %s renewed with token %d", i, got[i], want.Scope, want.Token)
+		if got[i].Failure != nil || got[i].ExpiresIn.AsDuration() != time.Minute {
+			t.Errorf("result %d = %v; want renewed for its TTL of 1m", i, got[i])
 		}
 	}
+	// The renewal moved the deadline: a full TTL from the renewal.
+	if g, err := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: "a"})); err != nil || g.Msg.Lease.Token != a.Token || g.Msg.Lease.ExpiresIn.AsDuration() < 50*time.Second {
+		t.Errorf("a after the batch: %v, %v; want held with token %d, about a minute left", g.Msg, err, a.Token)
+	}
 	var lost *fence.LostError
-	if err := wire.FromFailure(got[1].Failure); got[1].Lease != nil || !errors.As(err, &lost) || lost.Token != b.Token {
+	if err := wire.FromFailure(got[1].Failure); got[1].ExpiresIn != nil || !errors.As(err, &lost) || lost.Token != b.Token {
 		t.Errorf("released b: %v, %v; want lost with token %d", got[1], err, b.Token)
 	}
-	if err := wire.FromFailure(got[3].Failure); got[3].Lease != nil || !errors.Is(err, fence.ErrNotHolder) || got[3].Failure.Code != "not_found" {
+	if err := wire.FromFailure(got[3].Failure); got[3].ExpiresIn != nil || !errors.Is(err, fence.ErrNotHolder) || got[3].Failure.Code != "not_found" {
 		t.Errorf("c with an unknown ID: %v, %v; want not the holder", got[3], err)
 	}
 	// The same failures as Renew's, code and message.

@@ -519,11 +519,13 @@ func (x *RenewBatchResponse) GetResults() []*RenewResult {
 	return nil
 }
 
-// RenewResult is one renewal's answer: the renewed lease, or the error that
-// Renew would have answered for it.
+// RenewResult is one renewal's answer: the lease's time left, a full TTL
+// from when it was renewed, or the error that Renew would have answered
+// for it. The caller knows the lease's scope, token and ID already; they
+// are not repeated.
 type RenewResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	ExpiresIn     *durationpb.Duration   `protobuf:"bytes,1,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
 	Failure       *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -559,9 +561,9 @@ func (*RenewResult) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *RenewResult) GetLease() *Lease {
+func (x *RenewResult) GetExpiresIn() *durationpb.Duration {
 	if x != nil {
-		return x.Lease
+		return x.ExpiresIn
 	}
 	return nil
 }
@@ -1568,9 +1570,10 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11RenewBatchRequest\x122\n" +
 	"\brenewals\x18\x01 \x03(\v2\x16.fence.v1.RenewRequestR\brenewals\"E\n" +
 	"\x12RenewBatchResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.fence.v1.RenewResultR\aresults\"f\n" +
-	"\vRenewResult\x12%\n" +
-	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\x120\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.fence.v1.RenewResultR\aresults\"y\n" +
+	"\vRenewResult\x128\n" +
+	"\n" +
+	"expires_in\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x120\n" +
 	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\"q\n" +
 	"\fRenewFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
@@ -1714,7 +1717,7 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	1,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
 	4,  // 6: fence.v1.RenewBatchRequest.renewals:type_name -> fence.v1.RenewRequest
 	8,  // 7: fence.v1.RenewBatchResponse.results:type_name -> fence.v1.RenewResult
-	1,  // 8: fence.v1.RenewResult.lease:type_name -> fence.v1.Lease
+	24, // 8: fence.v1.RenewResult.expires_in:type_name -> google.protobuf.Duration
 	9,  // 9: fence.v1.RenewResult.failure:type_name -> fence.v1.RenewFailure
 	22, // 10: fence.v1.RenewFailure.conflict:type_name -> fence.v1.LeaseConflict
 	1,  // 11: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease

@@ -18,6 +18,7 @@ type op func(ctx context.Context) error
 // cellResult is what a client process reports for one cell.
 type cellResult struct {
 	Ops        int64         `json:"ops"`
+	PerCall    int64         `json:"per_call"` // operations per call: latencies are per call
 	Errors     int64         `json:"errors"`
 	FirstError string        `json:"first_error,omitempty"`
 	Elapsed    time.Duration `json:"elapsed_ns"`
@@ -93,6 +94,9 @@ func clientMain(args []string) error {
 	servers := splitList(*pids)
 	flushes, serverCPU, clientCPU := diskFlushes(*disk), cpuTime(servers), selfCPU()
 	res := drive(ctx, ops, a.duration, a.maxOps)
+	// Latencies stay per call; counts and rates are per renewal.
+	res.PerCall = renewalsPerOp(a)
+	res.Ops *= res.PerCall
 	res.Flushes = diskFlushes(*disk) - flushes
 	res.ServerCPU, res.ClientCPU = cpuTime(servers)-serverCPU, selfCPU()-clientCPU
 	res.Setup = time.Since(start) - res.Elapsed

@@ -23,10 +23,25 @@ import (
 //     the acquires first come, first served and hands the scope to the next
 //     in line on release; Acquire then renews once (see client.Acquire).
 //   - renew: confirmed renewals of the given number of live leases, each
-//     worker renewing its share in turn, one lease per call.
+//     worker renewing its share in turn, renewBatch leases per RenewBatch
+//     call; each lease's renewal is confirmed or refused on its own, and
+//     one that is refused counts as an error.
 //   - guarded-write: each worker holds a lease on its own scope and POSTs
 //     to the guarded bbolt resource (httpguard over boltguard) with the
 //     lease's token; every write is one fsynced bbolt transaction.
+//
+// renewBatch is how many renewals fence's renew workload sends per call.
+const renewBatch = 100
+
+// renewalsPerOp is how many renewals one op of a renew workload confirms:
+// etcd's keep-alive protocol carries one lease per message.
+func renewalsPerOp(a clientArgs) int64 {
+	if a.workload == wlRenew && a.system == sysFence {
+		return renewBatch
+	}
+	return 1
+}
+
 func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	c, err := client.New(a.addr.fence, client.WithHolder("bench"))
 	if err != nil {
@@ -61,16 +76,33 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 		if err != nil {
 			return u.fail(err)
 		}
+		// Worker i renews leases i, i+clients, i+2*clients, … in turn,
+		// renewBatch at a time.
 		for i := range ops {
-			next := i
+			var mine []client.Renewal
+			for j := i; j < len(leases); j += len(ops) {
+				mine = append(mine, client.Renewal{Scope: leases[j].Scope, ID: leases[j].ID})
+			}
+			if len(mine) == 0 {
+				return u.fail(fmt.Errorf("fence: %d leases for %d clients: some would renew nothing", len(leases), len(ops)))
+			}
+			next := 0
+			batch := make([]client.Renewal, renewBatch)
 			ops[i] = func(ctx context.Context) error {
-				l := leases[next]
-				next += len(ops)
-				if next >= len(leases) {
-					next = i
+				for k := range batch {
+					batch[k] = mine[next]
+					next = (next + 1) % len(mine)
 				}
-				_, err := c.Renew(ctx, l.Scope, l.ID)
-				return err
+				rs, err := c.RenewBatch(ctx, batch)
+				if err != nil {
+					return err
+				}
+				for _, r := range rs {
+					if r.Err != nil {
+						return r.Err
+					}
+				}
+				return nil
 			}
 		}
 	case wlGuardedWrite:

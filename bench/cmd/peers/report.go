@@ -120,6 +120,12 @@ func printReport(w io.Writer, rep report) {
 			s.Workload, s.Clients, sys, thousands(s.OpsPerSec), round(s.P50), round(s.P99), round(s.P999), s.FlushesPerOp,
 			server, round(s.ClientCPU), vs)
 	}
+	for _, m := range rep.Measurements {
+		if m.PerCall > 1 {
+			fmt.Fprintf(w, "\n%s %s: %d operations per call; its ops/s counts operations, its latencies calls.\n", m.Workload, m.System, m.PerCall)
+			break
+		}
+	}
 	fmt.Fprintln(w)
 	for _, s := range sums {
 		if s.Workload != wlGuardedWrite {

@@ -66,8 +66,8 @@ type LeaseServiceClient interface {
 	// A lease that is no longer current answers FAILED_PRECONDITION.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
 	// RenewBatch renews several leases in one call, each on its own: the
-	// answer has one result per renewal, in order, holding the renewed lease
-	// or why that lease could not be renewed. An error for the whole call
+	// answer has one result per renewal, in order, holding the lease's time
+	// left or why that lease could not be renewed. An error for the whole call
 	// (a malformed renewal, no leader, permission denied) renews nothing.
 	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
@@ -224,8 +224,8 @@ type LeaseServiceHandler interface {
 	// A lease that is no longer current answers FAILED_PRECONDITION.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
 	// RenewBatch renews several leases in one call, each on its own: the
-	// answer has one result per renewal, in order, holding the renewed lease
-	// or why that lease could not be renewed. An error for the whole call
+	// answer has one result per renewal, in order, holding the lease's time
+	// left or why that lease could not be renewed. An error for the whole call
 	// (a malformed renewal, no leader, permission denied) renews nothing.
 	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
