@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -22,6 +23,9 @@ const (
 	OpRelease Op = "release"
 	// OpExpire frees the scope if Token is still its current token.
 	OpExpire Op = "expire"
+	// OpExpireMany applies an Expire for each of Expiries, in order: one
+	// log entry for many leases whose deadlines passed together.
+	OpExpireMany Op = "expire_many"
 	// OpCancel withdraws a waiter whose caller gave up; if the waiter was
 	// granted meanwhile, it releases that grant.
 	OpCancel Op = "cancel"
@@ -43,6 +47,15 @@ const MaxOwnerLen = 256
 
 // MaxRequestIDLen bounds the client request ID of an acquire.
 const MaxRequestIDLen = 64
+
+// MaxExpireMany bounds the expiries of one OpExpireMany.
+const MaxExpireMany = 1024
+
+// Expiry names a lease to expire: the scope and its token.
+type Expiry struct {
+	Scope string `json:"scope"`
+	Token uint64 `json:"token"`
+}
 
 // Command is one change to the State. The proposer fills in LeaseID and At
 // before the command enters the log, so applying it is deterministic.
@@ -67,7 +80,8 @@ type Command struct {
 	// Owner is the authenticated identity an acquire was made for (empty
 	// without auth), kept with the lease so limits per identity survive a
 	// change of leader.
-	Owner string `json:"owner,omitempty"`
+	Owner    string   `json:"owner,omitempty"`
+	Expiries []Expiry `json:"expiries,omitempty"`
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -103,11 +117,19 @@ func (c Command) Validate() error {
 		}
 		return needID(c)
 	case OpExpire:
-		if err := fence.ValidateScope(c.Scope); err != nil {
-			return err
+		return validateExpiry(Expiry{Scope: c.Scope, Token: c.Token})
+	case OpExpireMany:
+		if len(c.Expiries) == 0 || len(c.Expiries) > MaxExpireMany {
+			return &fence.InvalidError{Field: "expiries", Reason: fmt.Sprintf("%d in one command, want 1 to %d", len(c.Expiries), MaxExpireMany)}
 		}
-		if c.Token == 0 {
-			return &fence.InvalidError{Field: "token", Reason: "expire needs the token to expire"}
+		for i, e := range c.Expiries {
+			if err := validateExpiry(e); err != nil {
+				var inv *fence.InvalidError
+				if errors.As(err, &inv) {
+					return &fence.InvalidError{Field: fmt.Sprintf("expiries[%d].%s", i, inv.Field), Reason: inv.Reason}
+				}
+				return err
+			}
 		}
 		return nil
 	case OpPromote:
@@ -123,6 +145,16 @@ func (c Command) Validate() error {
 		return validateKeyCommand(c)
 	}
 	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
+}
+
+func validateExpiry(e Expiry) error {
+	if err := fence.ValidateScope(e.Scope); err != nil {
+		return err
+	}
+	if e.Token == 0 {
+		return &fence.InvalidError{Field: "token", Reason: "expire needs the token to expire"}
+	}
+	return nil
 }
 
 func needID(c Command) error {

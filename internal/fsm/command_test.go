@@ -2,6 +2,8 @@ package fsm
 
 import (
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,8 @@ func TestValidate(t *testing.T) {
 		{"expire", expire("a", 1), ""},
 		{"expire at the maximum", expire("a", maxTok), ""},
 		{"promote", promote, ""},
+		{"expire many", Command{Op: OpExpireMany, Expiries: []Expiry{{"a", 1}, {"b", maxTok}, {"a", 2}}}, ""},
+		{"expire many, the most", Command{Op: OpExpireMany, Expiries: slices.Repeat([]Expiry{{"a", 1}}, MaxExpireMany)}, ""},
 		// Promote carries nothing; stray fields do not make it invalid.
 		{"promote with stray fields", Command{Op: OpPromote, Scope: "../x", TTL: -1}, ""},
 
@@ -46,6 +50,10 @@ func TestValidate(t *testing.T) {
 		{"cancel, bad scope", cancel("", 1), "scope"},
 		{"expire, zero token", expire("a", 0), "token"},
 		{"expire, bad scope", expire("a/", 1), "scope"},
+		{"expire many, none", Command{Op: OpExpireMany}, "expiries"},
+		{"expire many, too many", Command{Op: OpExpireMany, Expiries: slices.Repeat([]Expiry{{"a", 1}}, MaxExpireMany+1)}, "expiries"},
+		{"expire many, a zero token", Command{Op: OpExpireMany, Expiries: []Expiry{{"a", 1}, {"b", 0}}}, "expiries[1].token"},
+		{"expire many, a bad scope", Command{Op: OpExpireMany, Expiries: []Expiry{{"a/", 1}}}, "expiries[0].scope"},
 		{"no op", Command{Scope: "a"}, "op"},
 		{"unknown op", Command{Op: "renew", Scope: "a", LeaseID: lid(1)}, "op"},
 	} {
@@ -139,6 +147,9 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{`{"op":"acquire","scope":"a","ttl":1}`, true},
 		{`{"op":"acquire","scope":"a","lease_id":"00000000000000000000000000000000","ttl":1}`, false}, // ParseLeaseID refuses the zero ID
 		{`{"op":"expire","scope":"a"}`, true},
+		{`{"op":"expire_many"}`, true},
+		{`{"op":"expire_many","expiries":[{"scope":"a","token":1},{"scope":"b"}]}`, true},
+		{`{"op":"expire_many","expiries":[{"scope":"a","token":1,"extra":1}]}`, false},
 		{`{"op":"release","scope":"../a","lease_id":` + id + `}`, true},
 	} {
 		c, err := DecodeCommand([]byte(tc.in))
@@ -146,7 +157,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 			t.Errorf("DecodeCommand(%s) = %+v, want an error", tc.in, c)
 			continue
 		}
-		if c != (Command{}) {
+		if !reflect.DeepEqual(c, Command{}) {
 			t.Errorf("DecodeCommand(%s) returned %+v with its error", tc.in, c)
 		}
 		if tc.invalid && !errors.Is(err, fence.ErrInvalid) {

@@ -70,6 +70,15 @@ func (m model) apply(c Command) view {
 		v = m.release(c.Scope, c.LeaseID)
 	case OpExpire:
 		v = m.expire(c.Scope, c.Token)
+	case OpExpireMany:
+		v = view{Outcome: NoOp}
+		for _, e := range c.Expiries {
+			one := m.expire(e.Scope, e.Token)
+			if one.Outcome == Expired {
+				v.Outcome = Expired
+			}
+			v.Events = append(v.Events, one.Events...)
+		}
 	case OpCancel:
 		v = m.cancel(c.Scope, c.LeaseID)
 	case OpPromote:
@@ -291,6 +300,20 @@ func (r *run) drawCommand(t *rapid.T) Command {
 		if ms := r.m[name]; ms != nil {
 			last, cur = ms.last, ms.current()
 		}
+		if rapid.IntRange(0, 3).Draw(t, "expire many") == 0 {
+			// Current and stale tokens of several scopes, a scope maybe
+			// twice, as the leader's expiry loop would batch them.
+			var es []Expiry
+			for range rapid.IntRange(1, 5).Draw(t, "expiries") {
+				name := rapid.SampledFrom(r.scopes).Draw(t, "expiry scope")
+				var last uint64
+				if ms := r.m[name]; ms != nil {
+					last = ms.last
+				}
+				es = append(es, Expiry{Scope: name, Token: rapid.Uint64Range(1, last+1).Draw(t, "expiry token")})
+			}
+			return Command{Op: OpExpireMany, Expiries: es}
+		}
 		if cur != 0 && rapid.Bool().Draw(t, "current token") {
 			return Command{Op: OpExpire, Scope: name, Token: cur}
 		}
@@ -310,6 +333,8 @@ func (r *run) drawCommand(t *rapid.T) Command {
 			{Op: OpAcquire, Scope: name, LeaseID: r.newID(), TTL: time.Second, RequestID: string(make([]byte, MaxRequestIDLen+1))},
 			{Op: OpRelease, Scope: name},
 			{Op: OpExpire, Scope: name},
+			{Op: OpExpireMany},
+			{Op: OpExpireMany, Expiries: []Expiry{{Scope: name, Token: 1}, {Scope: name}}},
 			{Op: "renew", Scope: name},
 		}).Draw(t, "invalid")
 	}
@@ -383,6 +408,15 @@ func (r *run) event(t *rapid.T, i int, e Event) {
 
 // compare checks the whole state against the model and the invariants.
 func (r *run) compare(t *rapid.T, i int) {
+	held := 0
+	for _, ms := range r.m {
+		if ms.holder != nil {
+			held++
+		}
+	}
+	if r.s.HeldCount() != held || r.twin.HeldCount() != held || len(r.s.Leases()) != held {
+		t.Fatalf("step %d: HeldCount() = %d (twin %d), Leases() has %d, the model holds %d", i, r.s.HeldCount(), r.twin.HeldCount(), len(r.s.Leases()), held)
+	}
 	for _, name := range r.scopes {
 		in, ms := r.s.Get(name), r.m[name]
 		if ms == nil {

@@ -87,6 +87,9 @@ func Restore(b []byte) (*State, error) {
 			return nil, fmt.Errorf("restore snapshot: scope %q appears twice", r.Scope)
 		}
 		s.scopes[r.Scope] = &scope{last: r.Last, lease: r.Lease, waiters: r.Waiters, recent: r.Recent}
+		if r.Lease != nil {
+			s.held++
+		}
 	}
 	for id, addr := range sb.Nodes {
 		if err := ValidateNodeID(id); err != nil {

@@ -130,6 +130,7 @@ type State struct {
 	nodes   map[string]string // node ID → API address
 	removed map[string]bool   // node IDs removed from the cluster
 	keys    []SigningKey      // oldest first; the last one signs
+	held    int               // scopes with a lease: kept, so counting is O(1)
 }
 
 // New returns an empty State.
@@ -143,6 +144,19 @@ func (s *State) Apply(c Command) Result {
 	if err := c.Validate(); err != nil {
 		return Result{Outcome: Invalid, Scope: c.Scope, Err: err}
 	}
+	r := s.apply(c)
+	for _, e := range r.Events {
+		switch e.Kind {
+		case EventGranted:
+			s.held++
+		case EventReleased, EventExpired:
+			s.held--
+		}
+	}
+	return r
+}
+
+func (s *State) apply(c Command) Result {
 	switch c.Op {
 	case OpAcquire:
 		return s.acquire(c)
@@ -150,6 +164,8 @@ func (s *State) Apply(c Command) Result {
 		return s.release(c)
 	case OpExpire:
 		return s.expire(c)
+	case OpExpireMany:
+		return s.expireMany(c)
 	case OpCancel:
 		return s.cancel(c)
 	case OpSetNode:
@@ -290,6 +306,20 @@ func (s *State) expire(c Command) Result {
 	return r
 }
 
+// expireMany expires each lease in turn, as that many Expire commands
+// would; its outcome is Expired if any was, with all their events.
+func (s *State) expireMany(c Command) Result {
+	r := Result{Outcome: NoOp}
+	for _, e := range c.Expiries {
+		one := s.expire(Command{Op: OpExpire, Scope: e.Scope, Token: e.Token, At: c.At})
+		if one.Outcome == Expired {
+			r.Outcome = Expired
+		}
+		r.Events = append(r.Events, one.Events...)
+	}
+	return r
+}
+
 func (s *State) cancel(c Command) Result {
 	sc := s.scopes[c.Scope]
 	if sc == nil {
@@ -397,6 +427,9 @@ func (s *State) Held(prefix, after string, limit int) []ScopeInfo {
 	}
 	return out
 }
+
+// HeldCount returns the number of scopes held by a lease.
+func (s *State) HeldCount() int { return s.held }
 
 // Leases returns every current lease, by scope. The leader uses it to give
 // each held lease a full TTL when it takes office.

@@ -77,7 +77,7 @@ func newMetrics(s *Server) *metrics {
 		Help: "Scopes held by a lease now, in this node's replicated state.",
 	}, func() float64 {
 		var n int
-		s.node.Read(func(st *fsm.State) { n = len(st.Leases()) })
+		s.node.Read(func(st *fsm.State) { n = st.HeldCount() })
 		return float64(n)
 	})
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -310,24 +311,22 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	return nil
 }
 
-// expireLoop proposes Expire for every lease whose deadline passes, until
-// ctx is done.
+// expireLoop proposes the expiry of every lease whose deadline passes,
+// until ctx is done: up to fsm.MaxExpireMany leases in one command and a
+// few commands at a time, so that leases ending together cost few log
+// entries (100,000 of them, about a hundred).
 func (s *Server) expireLoop(ctx context.Context) {
-	const batch = 256
+	const inFlight = 4
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		due, next := s.deadlines.due(time.Now(), batch)
+		due, next := s.deadlines.due(time.Now(), inFlight*fsm.MaxExpireMany)
 		var wg sync.WaitGroup
-		for _, d := range due {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.expire(ctx, d)
-			}()
+		for batch := range slices.Chunk(due, fsm.MaxExpireMany) {
+			wg.Go(func() { s.expire(ctx, batch) })
 		}
 		wg.Wait()
-		if len(due) == batch {
+		if len(due) == inFlight*fsm.MaxExpireMany {
 			continue
 		}
 		wait := time.Second
@@ -344,15 +343,22 @@ func (s *Server) expireLoop(ctx context.Context) {
 	}
 }
 
-func (s *Server) expire(ctx context.Context, d deadline) {
+func (s *Server) expire(ctx context.Context, due []deadline) {
+	es := make([]fsm.Expiry, len(due))
+	for i, d := range due {
+		es[i] = fsm.Expiry{Scope: d.scope, Token: d.token}
+	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := s.node.Apply(actx, fsm.Command{Op: fsm.OpExpire, Scope: d.scope, Token: d.token, At: time.Now().UnixNano()})
+	_, err := s.node.Apply(actx, fsm.Command{Op: fsm.OpExpireMany, Expiries: es, At: time.Now().UnixNano()})
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("expire failed; will retry", "scope", d.scope, "token", d.token, "err", err)
+			s.log.Warn("expire failed; will retry", "leases", len(due), "first_scope", due[0].scope, "first_token", due[0].token, "err", err)
 		}
-		s.deadlines.retry(d.scope, d.token, time.Now().Add(100*time.Millisecond))
+		at := time.Now().Add(100 * time.Millisecond)
+		for _, d := range due {
+			s.deadlines.retry(d.scope, d.token, at)
+		}
 	}
 }
 
