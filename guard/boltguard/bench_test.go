@@ -2,7 +2,9 @@ package boltguard_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"go.etcd.io/bbolt"
@@ -43,4 +45,50 @@ func BenchmarkUpdate(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkUpdateBatch is 64 concurrent fenced writers, each on a scope of
+// its own, through Update (a commit each) and through UpdateBatch (the
+// writers that come together share a commit). ns/op is per write.
+func BenchmarkUpdateBatch(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		update func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error
+	}{
+		{"Update", func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error {
+			return s.Update
+		}},
+		{"UpdateBatch", func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error {
+			return s.UpdateBatch
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, err := boltguard.Open(filepath.Join(b.TempDir(), "g.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			update := tc.update(s)
+			var next atomic.Int64
+			b.SetParallelism(32) // 64 writers on 2 cores
+			b.RunParallel(func(pb *testing.PB) {
+				scope := fmt.Sprintf("w%d", next.Add(1))
+				var tok uint64
+				for pb.Next() {
+					tok++
+					err := update(context.Background(), scope, guard.Write{Token: fence.Token{Scope: scope, Value: tok}}, false, func(tx *bbolt.Tx) error {
+						bk, err := tx.CreateBucketIfNotExists([]byte("data"))
+						if err != nil {
+							return err
+						}
+						return bk.Put([]byte(scope), []byte("value"))
+					})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

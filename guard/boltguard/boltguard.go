@@ -13,7 +13,8 @@
 // # Caveats
 //
 // bbolt has one writer at a time, so fenced writes to every scope of one
-// file are serialised, each with its own fsync. The marks live in the bucket
+// file are serialised, each Update with its own fsync. Many concurrent
+// writers should use UpdateBatch, which commits them together. The marks live in the bucket
 // named by Bucket; do not write to it.
 package boltguard
 
@@ -46,6 +47,9 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boltguard: open %s: %w", path, err)
 	}
+	// UpdateBatch's wait for company: bbolt's 10ms default would cost a
+	// lone writer far more than the commit it shares (an fsync, ~0.1-1ms).
+	db.MaxBatchDelay = time.Millisecond
 	s, err := New(db)
 	if err != nil {
 		db.Close()
@@ -101,23 +105,68 @@ func (s *Store) Update(ctx context.Context, scope string, w guard.Write, strict 
 		return err
 	}
 	return s.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket([]byte(Bucket))
-		if b == nil {
-			return errors.New("boltguard: the fence_tokens bucket is missing")
-		}
-		key := []byte(w.Token.Scope)
-		highest, err := decode(b.Get(key))
-		if err != nil {
-			return fmt.Errorf("boltguard: scope %q: %w", w.Token.Scope, err)
-		}
-		if err := guard.Check(w.Token.Scope, highest, w, strict); err != nil {
-			return err
-		}
-		if err := b.Put(key, encode(guard.Next(highest, w))); err != nil {
+		if err := advance(tx, w, strict); err != nil {
 			return err
 		}
 		return fn(tx)
 	})
+}
+
+// UpdateBatch is Update for many concurrent writers: the calls that come
+// within the database's MaxBatchDelay share one transaction and one commit
+// (bbolt's DB.Batch), so one fsync serves them all. Open sets the delay to
+// 1ms; a lone call waits that long for company. A stale write is refused on
+// its own and does not hold the others back.
+//
+// fn may run more than once: when one call's fn fails, bbolt rolls the
+// shared transaction back, runs that call alone and the others again. So fn
+// must change nothing but tx.
+func (s *Store) UpdateBatch(ctx context.Context, scope string, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if w.Token.Scope != scope {
+		return fmt.Errorf("%w: %s presented for scope %q", guard.ErrWrongScope, w.Token, scope)
+	}
+	if err := validate(w); err != nil {
+		return err
+	}
+	var refused error
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		refused = nil
+		err := advance(tx, w, strict)
+		var stale *guard.StaleError
+		if errors.As(err, &stale) {
+			refused = err // nothing was written: the batch goes on
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+	if err != nil {
+		return err
+	}
+	return refused
+}
+
+// advance checks w against its scope's highest mark in tx and, unless it
+// is stale, records it as the new highest.
+func advance(tx *bbolt.Tx, w guard.Write, strict bool) error {
+	b := tx.Bucket([]byte(Bucket))
+	if b == nil {
+		return errors.New("boltguard: the fence_tokens bucket is missing")
+	}
+	key := []byte(w.Token.Scope)
+	highest, err := decode(b.Get(key))
+	if err != nil {
+		return fmt.Errorf("boltguard: scope %q: %w", w.Token.Scope, err)
+	}
+	if err := guard.Check(w.Token.Scope, highest, w, strict); err != nil {
+		return err
+	}
+	return b.Put(key, encode(guard.Next(highest, w)))
 }
 
 // validate refuses a write no service could have issued. A guard.Guard
