@@ -60,6 +60,12 @@ bench-peers: services ## fenced beside etcd and Redis locks, measured side by si
 	cd bench && $(GO) build -o bin/peers ./cmd/peers
 	set -a && source scripts/services.env && set +a && cd bench && ./bin/peers -fenced bin/fenced -out results
 
+.PHONY: bench-scale
+bench-scale: ## one fenced node holding 100,000 and 1,000,000 leases: RSS, acquire latency, snapshot, restore; 100,000 expiries at once (~10 min)
+	$(GO) build -o bench/bin/fenced ./cmd/fenced
+	cd bench && $(GO) build -o bin/peers ./cmd/peers
+	cd bench && ./bin/peers scale -fenced bin/fenced -out results
+
 .PHONY: build
 build: ## build fenced and fencectl into bin/
 	$(GO) build -o bin/ ./cmd/...

@@ -12,12 +12,13 @@
 //	BENCH_TIME=2s peers -runs 1          # a quick look
 //	peers -only lock-cycle,contended     # some workloads only
 //	peers -report results/peers-X.json   # the table of earlier results again
+//	peers scale -fenced bin/fenced       # one node holding 100,000 and 1,000,000 leases
 //
 // The workloads are lock-cycle (1, 16 and 64 clients on scopes of their
 // own), contended (64 clients on one scope), renew (confirmed renewals of
 // 10,000 live leases) and guarded-write (64 clients writing with their
-// token: through httpguard over boltguard, through a group-commit
-// prototype, and with sqlguard's row token on PostgreSQL beside the plain
+// token: through httpguard over boltguard, through boltguard's group
+// commit (UpdateBatch), and with sqlguard's row token on PostgreSQL beside the plain
 // UPDATE; etcd's side is a Txn on the lock key's mod_revision). The doc
 // comments of fenceSetup, etcdSetup, redisSetup and postgresSetup say
 // exactly what each system does.
@@ -57,6 +58,8 @@ func main() {
 		err = etcdMain(os.Args[2:])
 	case roleResource:
 		err = resourceMain(os.Args[2:])
+	case roleScale:
+		err = scaleMain(os.Args[2:])
 	default:
 		err = runMain(os.Args[1:])
 	}

@@ -81,13 +81,16 @@ func etcdMain(args []string) error {
 // resourceMain runs the guarded resource of the guarded-write workload: an
 // HTTP service keeping its data in a bbolt file (fsync on). POST
 // /write/SCOPE stores the body under SCOPE in the transaction that checks
-// and advances SCOPE's fencing mark: through httpguard over boltguard, or
-// with -group-commit through the groupCommit prototype.
+// and advances SCOPE's fencing mark: through httpguard over boltguard's
+// Update, or with -group-commit through boltguard's UpdateBatch, which
+// commits concurrent writes together.
+var dataBucket = []byte("data")
+
 func resourceMain(args []string) error {
 	fs := flag.NewFlagSet(roleResource, flag.ContinueOnError)
 	dir := fs.String("dir", "", "data directory")
 	listen := fs.String("listen", "127.0.0.1:0", "HTTP address")
-	group := fs.Bool("group-commit", false, "commit concurrent writes together (prototype)")
+	group := fs.Bool("group-commit", false, "commit concurrent writes together (boltguard.Store.UpdateBatch)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -97,18 +100,13 @@ func resourceMain(args []string) error {
 	}
 	defer store.Close()
 	if err := store.DB().Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{dataBucket, marksBucket} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := tx.CreateBucketIfNotExists(dataBucket)
+		return err
 	}); err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
 	if *group {
-		g := newGroupCommit(store.DB())
 		mux.HandleFunc("POST /write/{scope...}", func(w http.ResponseWriter, r *http.Request) {
 			tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
 			if err != nil {
@@ -121,7 +119,11 @@ func resourceMain(args []string) error {
 				return
 			}
 			var stale *guard.StaleError
-			switch err := g.write(r.PathValue("scope"), guard.Write{Token: tok}, body); {
+			scope := r.PathValue("scope")
+			err = store.UpdateBatch(r.Context(), scope, guard.Write{Token: tok}, false, func(tx *bbolt.Tx) error {
+				return tx.Bucket(dataBucket).Put([]byte(scope), body)
+			})
+			switch {
 			case err == nil:
 				w.WriteHeader(http.StatusNoContent)
 			case errors.As(err, &stale):

@@ -34,7 +34,7 @@ const (
 	sysRedisDefault = "redis-default"
 	sysFencePG      = "fence-pg"
 	sysPlainPG      = "pg-plain"
-	sysFenceGroup   = "fence-group" // the guarded bbolt write through the groupCommit prototype
+	sysFenceGroup   = "fence-group" // the guarded bbolt write through boltguard.Store.UpdateBatch
 )
 
 // cell is one workload at one concurrency, measured on each of its systems.
@@ -274,7 +274,7 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	var p *proc
 	switch sys {
 	case sysFence, sysFencePG, sysFenceGroup:
-		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"))
+		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
 		if err == nil && sys != sysFencePG && c.workload == wlGuardedWrite {
 			procs = append(procs, p)
 			p, a.addr.resource, err = startResource(sub("resource"), sys == sysFenceGroup)

@@ -150,18 +150,22 @@ func reexec(role string, args ...string) (*exec.Cmd, error) {
 }
 
 // startFenced runs the real fenced binary with its default, durable
-// settings: a one-voter Raft cluster on raft-boltdb, fsync on.
-func startFenced(bin, dir string) (*proc, string, error) {
-	addr, err := freePort()
-	if err != nil {
-		return nil, "", err
+// settings: a one-voter Raft cluster on raft-boltdb, fsync on. It listens
+// on addr, or on a free port if addr is empty, with its data in dir/data;
+// extra flags come last.
+func startFenced(bin, dir, addr string, extra ...string) (*proc, string, error) {
+	if addr == "" {
+		var err error
+		if addr, err = freePort(); err != nil {
+			return nil, "", err
+		}
 	}
 	c, err := client.New(addr, client.WithRetryTimeout(time.Second))
 	if err != nil {
 		return nil, "", err
 	}
 	defer c.Close()
-	cmd := exec.Command(bin, "--data-dir", filepath.Join(dir, "data"), "--listen", addr)
+	cmd := exec.Command(bin, append([]string{"--data-dir", filepath.Join(dir, "data"), "--listen", addr}, extra...)...)
 	p, err := start("fenced", cmd, filepath.Join(dir, "fenced.log"), false, func(ctx context.Context) error {
 		_, err := c.Get(ctx, "ready")
 		return err
@@ -188,7 +192,7 @@ func startEtcd(dir string) (*proc, string, error) {
 }
 
 // startResource runs the bbolt service fenced by httpguard and boltguard,
-// or with group, by the groupCommit prototype.
+// or with group, by boltguard.Store.UpdateBatch.
 func startResource(dir string, group bool) (*proc, string, error) {
 	addr, err := freePort()
 	if err != nil {
