@@ -17,6 +17,8 @@ import (
 var allowedImports = []string{
 	"bytes", "encoding/hex", "encoding/json", "errors", "fmt", "hash/crc32", "maps", "slices", "strconv", "strings", "time", "unicode/utf8",
 	"github.com/fence-dev/fence",
+	// An ordered index of held scopes; a data structure, no I/O.
+	"github.com/google/btree",
 }
 
 // forbiddenSelectors read or wait on a clock, or synchronise goroutines.

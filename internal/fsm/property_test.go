@@ -3,7 +3,9 @@ package fsm
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -416,6 +418,25 @@ func (r *run) compare(t *rapid.T, i int) {
 	}
 	if r.s.HeldCount() != held || r.twin.HeldCount() != held || len(r.s.Leases()) != held {
 		t.Fatalf("step %d: HeldCount() = %d (twin %d), Leases() has %d, the model holds %d", i, r.s.HeldCount(), r.twin.HeldCount(), len(r.s.Leases()), held)
+	}
+	// Held pages through the held scopes in order, from its index.
+	prefix := rapid.SampledFrom([]string{"", "a", "b", "a/", "c"}).Draw(t, "held prefix")
+	after := rapid.SampledFrom(append([]string{"", "zz"}, r.scopes...)).Draw(t, "held after")
+	limit := rapid.IntRange(0, 3).Draw(t, "held limit")
+	var want []string
+	for _, name := range slices.Sorted(maps.Keys(r.m)) {
+		if r.m[name].holder != nil && strings.HasPrefix(name, prefix) && name > after && (limit == 0 || len(want) < limit) {
+			want = append(want, name)
+		}
+	}
+	for _, st := range []*State{r.s, r.twin} {
+		var got []string
+		for _, in := range st.Held(prefix, after, limit) {
+			got = append(got, in.Scope)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("step %d: Held(%q, %q, %d) = %q, want %q", i, prefix, after, limit, got, want)
+		}
 	}
 	for _, name := range r.scopes {
 		in, ms := r.s.Get(name), r.m[name]

@@ -88,7 +88,7 @@ func Restore(b []byte) (*State, error) {
 		}
 		s.scopes[r.Scope] = &scope{last: r.Last, lease: r.Lease, waiters: r.Waiters, recent: r.Recent}
 		if r.Lease != nil {
-			s.held++
+			s.held.ReplaceOrInsert(r.Scope)
 		}
 	}
 	for id, addr := range sb.Nodes {

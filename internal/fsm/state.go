@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/btree"
+
 	"github.com/fence-dev/fence"
 )
 
@@ -130,12 +132,15 @@ type State struct {
 	nodes   map[string]string // node ID → API address
 	removed map[string]bool   // node IDs removed from the cluster
 	keys    []SigningKey      // oldest first; the last one signs
-	held    int               // scopes with a lease: kept, so counting is O(1)
+	// held indexes the scopes with a lease in order, so that listing a
+	// page costs the page, not a sort of every scope.
+	held *btree.BTreeG[string]
 }
 
 // New returns an empty State.
 func New() *State {
-	return &State{scopes: make(map[string]*scope), nodes: make(map[string]string), removed: make(map[string]bool)}
+	return &State{scopes: make(map[string]*scope), nodes: make(map[string]string), removed: make(map[string]bool),
+		held: btree.NewOrderedG[string](32)}
 }
 
 // Apply applies one command and reports what it did. It is deterministic:
@@ -148,9 +153,9 @@ func (s *State) Apply(c Command) Result {
 	for _, e := range r.Events {
 		switch e.Kind {
 		case EventGranted:
-			s.held++
+			s.held.ReplaceOrInsert(e.Scope)
 		case EventReleased, EventExpired:
-			s.held--
+			s.held.Delete(e.Scope)
 		}
 	}
 	return r
@@ -416,20 +421,22 @@ func (sc *scope) info(name string) ScopeInfo {
 // limit <= 0).
 func (s *State) Held(prefix, after string, limit int) []ScopeInfo {
 	var out []ScopeInfo
-	for _, name := range s.sortedScopes(prefix) {
-		if name <= after || s.scopes[name].lease == nil {
-			continue
+	start := prefix
+	if after >= start {
+		start = after + "\x00" // the least name after it
+	}
+	s.held.AscendGreaterOrEqual(start, func(name string) bool {
+		if !strings.HasPrefix(name, prefix) {
+			return false
 		}
 		out = append(out, s.scopes[name].info(name))
-		if limit > 0 && len(out) == limit {
-			break
-		}
-	}
+		return limit <= 0 || len(out) < limit
+	})
 	return out
 }
 
 // HeldCount returns the number of scopes held by a lease.
-func (s *State) HeldCount() int { return s.held }
+func (s *State) HeldCount() int { return s.held.Len() }
 
 // Leases returns every current lease, by scope. The leader uses it to give
 // each held lease a full TTL when it takes office.
