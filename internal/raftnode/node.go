@@ -79,6 +79,7 @@ type Node struct {
 	store  *raftboltdb.BoltStore
 	snaps  raft.SnapshotStore
 	trans  io.Closer
+	layer  *tcpLayer // nil without a Raft listener
 	notify chan bool
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -162,7 +163,7 @@ func Open(cfg Config) (*Node, error) {
 		t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 			Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: logger,
 		})
-		trans, n.trans = t, t
+		trans, n.trans, n.layer = t, t, layer
 	}
 	fail := func(err error) (*Node, error) {
 		n.trans.Close()
