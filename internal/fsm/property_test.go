@@ -495,9 +495,20 @@ func TestApplyMatchesModel(t *testing.T) {
 			r.m["c"] = &mScope{last: fence.MaxToken - left}
 			r.last["c"] = fence.MaxToken - left
 		}
+		// States frozen along the way must encode, at the end, as they
+		// were when frozen: Raft encodes while commands go on.
+		type frozen struct {
+			step int
+			f    *Frozen
+			want []byte
+		}
+		var frozens []frozen
 		for i := range rapid.IntRange(1, 150).Draw(t, "steps") {
 			r.step(t, i, r.drawCommand(t))
 			r.compare(t, i)
+			if rapid.IntRange(0, 4).Draw(t, "freeze") == 0 {
+				frozens = append(frozens, frozen{i, r.s.Freeze(), r.s.Snapshot()})
+			}
 			if rapid.IntRange(0, 9).Draw(t, "restore") == 0 {
 				snap := r.s.Snapshot()
 				restored, err := Restore(snap)
@@ -515,6 +526,12 @@ func TestApplyMatchesModel(t *testing.T) {
 		}
 		if !bytes.Equal(r.s.Snapshot(), r.twin.Snapshot()) {
 			t.Fatal("at the end, the state and its twin differ")
+		}
+		for _, fz := range frozens {
+			head, body := fz.f.Encode()
+			if got := append(head, body...); !bytes.Equal(got, fz.want) {
+				t.Fatalf("the state frozen at step %d encodes as\n%s\nbut was\n%s", fz.step, got, fz.want)
+			}
 		}
 	})
 	// A property test whose runs never reach an outcome proves nothing

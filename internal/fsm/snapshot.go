@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -34,24 +36,45 @@ type snapshotScope struct {
 
 // Snapshot encodes the whole state. Equal states encode to equal bytes.
 func (s *State) Snapshot() []byte {
-	var body snapshotBody
-	for _, name := range s.sortedScopes("") {
-		sc := s.scopes[name]
-		body.Scopes = append(body.Scopes, snapshotScope{
-			Scope: name, Last: sc.last, Lease: sc.lease, Waiters: sc.waiters, Recent: sc.recent,
+	head, body := s.Freeze().Encode()
+	return append(head, body...)
+}
+
+// Frozen is the state's content at one moment, captured so that encoding
+// it can happen elsewhere while the state moves on: Raft takes a snapshot
+// on the goroutine that applies commands, and encoding a million leases
+// there would hold every command back for seconds.
+type Frozen struct{ body snapshotBody }
+
+// Freeze captures the state for Encode. It copies what later commands
+// change in place (lines of waiters and recent grants, shifted when one
+// leaves) and shares what they only replace (each lease), so it costs one
+// pass over the scopes.
+func (s *State) Freeze() *Frozen {
+	f := &Frozen{}
+	f.body.Scopes = make([]snapshotScope, 0, len(s.scopes))
+	for name, sc := range s.scopes {
+		f.body.Scopes = append(f.body.Scopes, snapshotScope{
+			Scope: name, Last: sc.last, Lease: sc.lease, Waiters: slices.Clone(sc.waiters), Recent: slices.Clone(sc.recent),
 		})
 	}
 	if len(s.nodes) > 0 {
-		body.Nodes = s.nodes // encoding/json sorts map keys
+		f.body.Nodes = maps.Clone(s.nodes) // encoding/json sorts map keys
 	}
-	body.Removed = s.removedList()
-	body.Keys = s.keys
-	b, err := json.Marshal(body)
+	f.body.Removed = s.removedList()
+	f.body.Keys = slices.Clone(s.keys)
+	return f
+}
+
+// Encode returns the snapshot's first line (its format and the body's
+// checksum) and its body, apart, so that a writer need not join them.
+func (f *Frozen) Encode() (head, body []byte) {
+	slices.SortFunc(f.body.Scopes, func(a, b snapshotScope) int { return strings.Compare(a.Scope, b.Scope) })
+	body, err := json.Marshal(f.body)
 	if err != nil {
 		panic(err) // unreachable: every field marshals
 	}
-	head := fmt.Sprintf("%s%08x\n", snapshotMagic, crc32.Checksum(b, castagnoli))
-	return append([]byte(head), b...)
+	return fmt.Appendf(nil, "%s%08x\n", snapshotMagic, crc32.Checksum(body, castagnoli)), body
 }
 
 // Restore decodes a snapshot into a new State. It checks the checksum and

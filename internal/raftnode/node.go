@@ -347,7 +347,7 @@ func (m *machine) ApplyBatch(logs []*raft.Log) []any {
 func (m *machine) Snapshot() (raft.FSMSnapshot, error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return snapshot(m.state.Snapshot()), nil
+	return snapshot{m.state.Freeze()}, nil
 }
 
 func (m *machine) Restore(rc io.ReadCloser) error {
@@ -369,10 +369,17 @@ func (m *machine) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-type snapshot []byte
+// snapshot is encoded and written by Raft's snapshot goroutine, while
+// commands go on being applied.
+type snapshot struct{ f *fsm.Frozen }
 
 func (s snapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s); err != nil {
+	head, body := s.f.Encode()
+	if _, err := sink.Write(head); err != nil {
+		sink.Cancel()
+		return err
+	}
+	if _, err := sink.Write(body); err != nil {
 		sink.Cancel()
 		return err
 	}
