@@ -167,6 +167,9 @@ func awaitSnapshot(dir string, index uint64) (int64, error) {
 	for time.Now().Before(deadline) {
 		metas, _ := filepath.Glob(filepath.Join(dir, "*", "meta.json"))
 		for _, m := range metas {
+			if strings.HasSuffix(filepath.Dir(m), ".tmp") {
+				continue // still being written: raft renames it when done
+			}
 			var meta struct{ Index, Size uint64 }
 			b, err := os.ReadFile(m)
 			if err == nil && json.Unmarshal(b, &meta) == nil && meta.Index >= index {
