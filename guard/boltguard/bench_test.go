@@ -51,16 +51,13 @@ func BenchmarkUpdate(b *testing.B) {
 // its own, through Update (a commit each) and through UpdateBatch (the
 // writers that come together share a commit). ns/op is per write.
 func BenchmarkUpdateBatch(b *testing.B) {
+	type update = func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error
 	for _, tc := range []struct {
 		name   string
-		update func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error
+		update func(s *boltguard.Store) update
 	}{
-		{"Update", func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error {
-			return s.Update
-		}},
-		{"UpdateBatch", func(s *boltguard.Store) func(context.Context, string, guard.Write, bool, func(*bbolt.Tx) error) error {
-			return s.UpdateBatch
-		}},
+		{"Update", func(s *boltguard.Store) update { return s.Update }},
+		{"UpdateBatch", func(s *boltguard.Store) update { return s.UpdateBatch }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			s, err := boltguard.Open(filepath.Join(b.TempDir(), "g.db"))

@@ -99,13 +99,7 @@ func (s *Store) Close() error {
 // is touched. Update does not verify signatures: use a guard.Guard with
 // guard.WithVerifier over the Store for that.
 func (s *Store) Update(ctx context.Context, scope string, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if w.Token.Scope != scope {
-		return fmt.Errorf("%w: %s presented for scope %q", guard.ErrWrongScope, w.Token, scope)
-	}
-	if err := validate(w); err != nil {
+	if err := validate(ctx, scope, w); err != nil {
 		return err
 	}
 	return s.db.Update(func(tx *bbolt.Tx) error {
@@ -119,20 +113,14 @@ func (s *Store) Update(ctx context.Context, scope string, w guard.Write, strict 
 // UpdateBatch is Update for many concurrent writers: the calls that come
 // within the database's MaxBatchDelay, up to its MaxBatchSize, share one
 // transaction and one commit (bbolt's DB.Batch), so one fsync serves them
-// all. Open sets 1ms and 32; a lone call waits that long for company. A stale write is refused on
-// its own and does not hold the others back.
+// all. Open sets 1ms and 32; a lone call waits that long for company. A
+// stale write is refused on its own and does not hold the others back.
 //
 // fn may run more than once: when one call's fn fails, bbolt rolls the
 // shared transaction back, runs that call alone and the others again. So fn
 // must change nothing but tx.
 func (s *Store) UpdateBatch(ctx context.Context, scope string, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if w.Token.Scope != scope {
-		return fmt.Errorf("%w: %s presented for scope %q", guard.ErrWrongScope, w.Token, scope)
-	}
-	if err := validate(w); err != nil {
+	if err := validate(ctx, scope, w); err != nil {
 		return err
 	}
 	var refused error
@@ -173,11 +161,18 @@ func advance(tx *bbolt.Tx, w guard.Write, strict bool) error {
 	return b.Put(key, encode(guard.Next(highest, w)))
 }
 
-// validate refuses a write no service could have issued. A guard.Guard
-// checks the token already, but Update is also called directly, and a
-// value above fence.MaxToken, once recorded, would refuse every later
-// writer of the scope.
-func validate(w guard.Write) error {
+// validate refuses, before the file is touched, a call already cancelled,
+// a token of another scope, and a write no service could have issued. A
+// guard.Guard checks the token already, but Update and UpdateBatch are
+// also called directly, and a value above fence.MaxToken, once recorded,
+// would refuse every later writer of the scope.
+func validate(ctx context.Context, scope string, w guard.Write) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if w.Token.Scope != scope {
+		return fmt.Errorf("%w: %s presented for scope %q", guard.ErrWrongScope, w.Token, scope)
+	}
 	if w.Token.Scope == "" {
 		return &fence.InvalidError{Field: "scope", Reason: "the write's token has no scope"}
 	}
