@@ -100,41 +100,80 @@ func scaleMain(args []string) error {
 // and snapshot soon after the filling ends.
 var scaleFlags = []string{"--max-ttl", "24h", "--snapshot-interval", "5s"}
 
-func measureHeld(bin, data string, n int) (heldResult, error) {
-	r := heldResult{Leases: n}
-	dir, err := os.MkdirTemp(data, "fence-scale-")
-	if err != nil {
-		return r, err
-	}
-	defer os.RemoveAll(dir)
-	p, addr, err := startFenced(bin, dir, "", scaleFlags...)
-	if err != nil {
-		return r, err
-	}
-	defer func() { p.stop() }()
-	c, err := client.New(addr, client.WithHolder("scale"))
-	if err != nil {
-		return r, err
-	}
-	defer c.Close()
-	ctx := context.Background()
+// filled is a fenced of its own, in a fresh directory, holding n leases
+// that one client granted, 64 at a time.
+type filled struct {
+	dir, addr string
+	p         *proc
+	c         *client.Client
+	took      time.Duration // to grant them all
+}
 
+func fill(bin, data, prefix string, n int, ttl time.Duration) (*filled, error) {
+	dir, err := os.MkdirTemp(data, "fence-"+prefix+"-")
+	if err != nil {
+		return nil, err
+	}
+	f := &filled{dir: dir}
+	if f.p, f.addr, err = startFenced(bin, dir, "", scaleFlags...); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if f.c, err = client.New(f.addr, client.WithHolder("scale")); err != nil {
+		f.close()
+		return nil, err
+	}
 	start := time.Now()
 	err = parallel(n, 64, func(i int) error {
-		_, err := c.Grant(ctx, fmt.Sprintf("scale/%07d", i), client.WithTTL(12*time.Hour))
+		_, err := f.c.Grant(context.Background(), fmt.Sprintf("%s/%07d", prefix, i), client.WithTTL(ttl))
 		return err
 	})
 	if err != nil {
+		f.close()
+		return nil, err
+	}
+	f.took = time.Since(start)
+	return f, nil
+}
+
+// restart kill -9s fenced and starts it again on its data, and returns
+// how long it took to answer again.
+func (f *filled) restart(bin string) (time.Duration, error) {
+	_ = syscall.Kill(-f.p.cmd.Process.Pid, syscall.SIGKILL)
+	<-f.p.done
+	start := time.Now()
+	p, _, err := startFenced(bin, f.dir, f.addr, scaleFlags...)
+	if err != nil {
+		return 0, err
+	}
+	f.p = p
+	return time.Since(start), nil
+}
+
+func (f *filled) close() {
+	if f.c != nil {
+		f.c.Close()
+	}
+	f.p.stop()
+	os.RemoveAll(f.dir)
+}
+
+func measureHeld(bin, data string, n int) (heldResult, error) {
+	r := heldResult{Leases: n}
+	f, err := fill(bin, data, "scale", n, 12*time.Hour)
+	if err != nil {
 		return r, err
 	}
-	r.GrantRate = float64(n) / time.Since(start).Seconds()
-	r.RSS = rss(p)
+	defer f.close()
+	r.GrantRate = float64(n) / f.took.Seconds()
+	r.RSS = rss(f.p)
 
 	// Further acquires, one at a time, as a program taking a lock would.
+	ctx := context.Background()
 	lat := make([]time.Duration, 2000)
 	for i := range lat {
 		t0 := time.Now()
-		if _, err := c.Grant(ctx, fmt.Sprintf("probe/%d", i), client.WithTTL(12*time.Hour)); err != nil {
+		if _, err := f.c.Grant(ctx, fmt.Sprintf("probe/%d", i), client.WithTTL(12*time.Hour)); err != nil {
 			return r, err
 		}
 		lat[i] = time.Since(t0)
@@ -142,18 +181,14 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	slices.Sort(lat)
 	r.AcquireP50, r.AcquireP99 = percentile(lat, 0.50), percentile(lat, 0.99)
 
-	if r.Snapshot, err = awaitSnapshot(filepath.Join(dir, "data", "snapshots"), uint64(n)); err != nil {
+	if r.Snapshot, err = awaitSnapshot(filepath.Join(f.dir, "data", "snapshots"), uint64(n)); err != nil {
 		return r, err
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-	start = time.Now()
-	if p, _, err = startFenced(bin, dir, addr, scaleFlags...); err != nil {
+	if r.Restore, err = f.restart(bin); err != nil {
 		return r, err
 	}
-	r.Restore = time.Since(start)
-	r.RestoredRSS = rss(p)
-	st, err := c.Get(ctx, fmt.Sprintf("scale/%07d", n-1))
+	r.RestoredRSS = rss(f.p)
+	st, err := f.c.Get(ctx, fmt.Sprintf("scale/%07d", n-1))
 	if err != nil || st.Lease == nil {
 		return r, fmt.Errorf("after the restart, the last lease granted: %+v, %v; want it held", st, err)
 	}
@@ -187,43 +222,23 @@ func awaitSnapshot(dir string, index uint64) (int64, error) {
 func measureExpiry(bin, data string, n int) (expiryResult, error) {
 	const ttl = time.Minute
 	r := expiryResult{Leases: n, TTL: ttl}
-	dir, err := os.MkdirTemp(data, "fence-expiry-")
+	f, err := fill(bin, data, "expire", n, ttl)
 	if err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(dir)
-	p, addr, err := startFenced(bin, dir, "", scaleFlags...)
-	if err != nil {
-		return r, err
+	defer f.close()
+	if f.took > ttl/2 {
+		return r, fmt.Errorf("granting took %s, too long for leases of %s", round(f.took), ttl)
 	}
-	defer func() { p.stop() }()
-	c, err := client.New(addr, client.WithHolder("scale"))
-	if err != nil {
-		return r, err
-	}
-	defer c.Close()
-	start := time.Now()
-	err = parallel(n, 64, func(i int) error {
-		_, err := c.Grant(context.Background(), fmt.Sprintf("expire/%07d", i), client.WithTTL(ttl))
-		return err
-	})
-	if err != nil {
-		return r, err
-	}
-	if took := time.Since(start); took > ttl/2 {
-		return r, fmt.Errorf("granting took %s, too long for leases of %s", round(took), ttl)
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
 	// The restarted leader gives every lease a full TTL from when it takes
 	// office, just before it answers: the deadline is at most ttl after
 	// the moment it is seen ready.
-	if p, _, err = startFenced(bin, dir, addr, scaleFlags...); err != nil {
+	if _, err := f.restart(bin); err != nil {
 		return r, err
 	}
 	deadline := time.Now().Add(ttl)
 	for end := deadline.Add(5 * time.Minute); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		m, err := scrape("http://" + addr + "/metrics")
+		m, err := scrape("http://" + f.addr + "/metrics")
 		if err != nil {
 			return r, err
 		}
