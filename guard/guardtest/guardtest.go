@@ -131,6 +131,16 @@ func Run(t *testing.T, h Harness) {
 			mustRefuse(t, s, tok(sc, p[0]), false, p[1])
 		}
 	})
+	t.Run("MatchesCheck", func(t *testing.T) {
+		s := h.Open(t)
+		MatchesCheck(t, func(w guard.Write, strict bool) error {
+			applied, err := write(t, s, w, strict)
+			if err == nil && !applied {
+				t.Fatalf("write %+v: accepted, but apply did not run", w)
+			}
+			return err
+		})
+	})
 	t.Run("GuardRefusesMalformedAndForeignTokens", func(t *testing.T) { hostile(t, h.Open(t)) })
 	t.Run("Concurrent", func(t *testing.T) { concurrent(t, h.Open(t)) })
 	if h.Reopen != nil {
@@ -141,6 +151,38 @@ func Run(t *testing.T, h Harness) {
 			mustRefuse(t, s, tok(sc, 41), false, 42)
 			mustAccept(t, s, tok(sc, 42), false)
 		})
+	}
+}
+
+// MatchesCheck presents random writes through write, to a new scope for
+// each strictness, and compares every outcome with guard.Check on a model
+// mark kept by guard.Next: a store's rule must be guard.Check's, refusal
+// for refusal, down to the mark its StaleError reports. write must fence
+// w with the given strictness and return nil if and only if w was
+// applied. Run calls it on a Store's Fence; call it for a fenced writer
+// that is not a Store.
+func MatchesCheck(t *testing.T, write func(w guard.Write, strict bool) error) {
+	t.Helper()
+	for _, strict := range []bool{false, true} {
+		sc := scope(t)
+		var model guard.Mark
+		for range 200 {
+			w := tok(sc, 1+rand.Uint64N(4))
+			w.Seq = rand.Uint64N(4)
+			want := guard.Check(sc, model, w, strict)
+			err := write(w, strict)
+			if want == nil {
+				if err != nil {
+					t.Fatalf("strict %v: write %+v over %+v: %v, want accepted", strict, w, model, err)
+				}
+				model = guard.Next(model, w)
+				continue
+			}
+			var stale *guard.StaleError
+			if !errors.As(err, &stale) || *stale != *want.(*guard.StaleError) {
+				t.Fatalf("strict %v: write %+v over %+v: %v, want %v", strict, w, model, err, want)
+			}
+		}
 	}
 }
 

@@ -4,8 +4,8 @@ import (
 	"database/sql"
 	"strconv"
 	"testing"
-	"time"
 
+	"github.com/fence-dev/fence/guard/guardtest"
 	"github.com/fence-dev/fence/guard/sqlguard"
 )
 
@@ -44,7 +44,7 @@ func BenchmarkUpdate(b *testing.B) {
 				return tx.Commit()
 			}
 			fenced := func() error { return s.Update(ctx, "bench", wr("bench", 1, 0), put) }
-			compare(b, plain, fenced)
+			guardtest.Compare(b, plain, fenced)
 		})
 	}
 }
@@ -79,7 +79,7 @@ func BenchmarkUpdateRow(b *testing.B) {
 					return tx.Commit()
 				}
 			}
-			compare(b,
+			guardtest.Compare(b,
 				inTx(func(tx *sql.Tx, balance int) error {
 					_, err := tx.ExecContext(ctx, update, balance, 7)
 					return err
@@ -89,41 +89,4 @@ func BenchmarkUpdateRow(b *testing.B) {
 				}))
 		})
 	}
-}
-
-// compare runs plain and fenced as sub-benchmarks of their own, and then
-// alternately in a third, "both", which reports each one's mean time and
-// their ratio. On a machine shared with other work the load drifts
-// between the first two; alternating exposes both to the same drift, so
-// the ratio of "both" is the one to quote.
-func compare(b *testing.B, plain, fenced func() error) {
-	for _, c := range []struct {
-		name string
-		op   func() error
-	}{{"plain", plain}, {"fenced", fenced}} {
-		b.Run(c.name, func(b *testing.B) {
-			for b.Loop() {
-				if err := c.op(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-	b.Run("both", func(b *testing.B) {
-		var tp, tf time.Duration
-		for b.Loop() {
-			t0 := time.Now()
-			if err := plain(); err != nil {
-				b.Fatal(err)
-			}
-			t1 := time.Now()
-			if err := fenced(); err != nil {
-				b.Fatal(err)
-			}
-			tp, tf = tp+t1.Sub(t0), tf+time.Since(t1)
-		}
-		b.ReportMetric(float64(tp.Nanoseconds())/float64(b.N), "plain-ns/op")
-		b.ReportMetric(float64(tf.Nanoseconds())/float64(b.N), "fenced-ns/op")
-		b.ReportMetric(float64(tf)/float64(tp), "fenced/plain")
-	})
 }

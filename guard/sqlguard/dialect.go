@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/fence-dev/fence"
 )
 
 // Dialect is the SQL a Store speaks: PostgreSQL, SQLite or MySQL (and
@@ -39,7 +41,27 @@ func (d Dialect) String() string {
 	return "Dialect(" + strconv.Itoa(int(d)) + ")"
 }
 
-func (d Dialect) valid() bool { return d >= Postgres && d <= MySQL }
+func (d Dialect) check() error {
+	if d < Postgres || d > MySQL {
+		return &fence.InvalidError{Field: "dialect", Reason: fmt.Sprintf("%v is not Postgres, SQLite or MySQL", d)}
+	}
+	return nil
+}
+
+// CreateTableSQL returns the statement that creates a fence table named
+// table for dialect d if it does not exist, or an error if table is not a
+// plain SQL name (see WithTable). A Store's CreateTable runs it; so does
+// guard/pgxguard's, which keeps its marks in the same table as a Store of
+// the Postgres dialect, so that the two can fence the same scopes.
+func (d Dialect) CreateTableSQL(table string) (string, error) {
+	if err := d.check(); err != nil {
+		return "", err
+	}
+	if err := checkName("table", table, true); err != nil {
+		return "", err
+	}
+	return d.createTable(table), nil
+}
 
 // createTable is the fence table: one row per scope. token and seq are
 // signed 64-bit in every dialect, which holds every token (fence.MaxToken

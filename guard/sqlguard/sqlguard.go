@@ -86,8 +86,8 @@ type Store struct {
 // New returns a Store over db, which must be of dialect d. It touches no
 // table: call CreateTable once (it is idempotent) before the first write.
 func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
-	if !d.valid() {
-		return nil, &fence.InvalidError{Field: "dialect", Reason: fmt.Sprintf("%v is not Postgres, SQLite or MySQL", d)}
+	if err := d.check(); err != nil {
+		return nil, err
 	}
 	c := config{table: DefaultTable, column: DefaultTokenColumn, log: slog.Default()}
 	for _, o := range opts {
@@ -192,7 +192,7 @@ func (s *Store) Update(ctx context.Context, scope string, w guard.Write, fn func
 // advanced the mark, before it commits, and finds it with TxFromContext to
 // make its writes there.
 func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply func(ctx context.Context) error) error {
-	if err := validate(w); err != nil {
+	if err := CheckWrite(w); err != nil {
 		return err
 	}
 	st, err := s.stmt(ctx, strict)
@@ -270,9 +270,11 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 	return tx, ok
 }
 
-// validate refuses what the columns cannot hold. A guard.Guard has
-// checked the token already; Fence may be called without one.
-func validate(w guard.Write) error {
+// CheckWrite refuses a write that a fence table's columns cannot hold:
+// an empty or oversized scope, a token outside 1 to fence.MaxToken, or a
+// sequence above 2^63-1. A guard.Guard has checked the token already, but
+// a Store's Fence may be called without one.
+func CheckWrite(w guard.Write) error {
 	if w.Token.Scope == "" || len(w.Token.Scope) > fence.MaxScopeLen {
 		return &fence.InvalidError{Field: "scope", Reason: fmt.Sprintf("%d bytes, want 1 to %d", len(w.Token.Scope), fence.MaxScopeLen)}
 	}

@@ -157,43 +157,6 @@ func checkLog(t *testing.T, db *sql.DB, query, what string) {
 	t.Logf("%s: %d writes applied", what, len(log))
 }
 
-// TestMatchesCheck presents random writes to a scope and compares every
-// outcome and the mark with guard.Check and guard.Next on a model: the
-// fence statement of each dialect is the rule of guard.Check in SQL.
-func TestMatchesCheck(t *testing.T) {
-	eachDialect(t, func(t *testing.T, d sqlguard.Dialect) {
-		db, table := newDB(t, d)
-		for _, strict := range []bool{false, true} {
-			opts := []sqlguard.Option{sqlguard.WithTable(table), quiet}
-			if strict {
-				opts = append(opts, sqlguard.WithStrictSequence())
-			}
-			s := newStore(t, db, d, opts...)
-			sc := "check/" + strconv.FormatBool(strict)
-			var model guard.Mark
-			for range 150 {
-				w := wr(sc, 1+rand.Uint64N(4), rand.Uint64N(4))
-				want := guard.Check(sc, model, w, strict)
-				got := s.Update(ctx, w.Token.Scope, w, func(*sql.Tx) error { return nil })
-				if want == nil {
-					if got != nil {
-						t.Fatalf("strict %v: write %+v over %+v: %v, want accepted", strict, w, model, got)
-					}
-					model = guard.Next(model, w)
-				} else {
-					var stale *guard.StaleError
-					if !errors.As(got, &stale) || *stale != *want.(*guard.StaleError) {
-						t.Fatalf("strict %v: write %+v over %+v: %v, want %v", strict, w, model, got, want)
-					}
-				}
-				if m, err := s.Highest(ctx, sc); err != nil || m != model {
-					t.Fatalf("strict %v: mark %+v, %v; want %+v", strict, m, err, model)
-				}
-			}
-		}
-	})
-}
-
 // TestUpdate: fn's writes and the mark commit together; a stale write
 // does not run fn; a failing fn rolls its writes and the mark back; the
 // greatest token and sequence fit the columns.
