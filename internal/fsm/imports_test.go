@@ -16,6 +16,9 @@ import (
 // randomness, no goroutines, no locks.
 var allowedImports = []string{
 	"bytes", "encoding/hex", "encoding/json", "errors", "fmt", "hash/crc32", "maps", "slices", "strconv", "strings", "time", "unicode/utf8",
+	// Snapshots stream to and from a writer and a reader the caller gives.
+	"io",
+	"iter",
 	"github.com/fence-dev/fence",
 	// An ordered index of held scopes; a data structure, no I/O.
 	"github.com/google/btree",

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -416,8 +417,8 @@ func (r *run) compare(t *rapid.T, i int) {
 			held++
 		}
 	}
-	if r.s.HeldCount() != held || r.twin.HeldCount() != held || len(r.s.Leases()) != held {
-		t.Fatalf("step %d: HeldCount() = %d (twin %d), Leases() has %d, the model holds %d", i, r.s.HeldCount(), r.twin.HeldCount(), len(r.s.Leases()), held)
+	if r.s.HeldCount() != held || r.twin.HeldCount() != held || len(maps.Collect(r.s.Leases())) != held {
+		t.Fatalf("step %d: HeldCount() = %d (twin %d), Leases() has %d, the model holds %d", i, r.s.HeldCount(), r.twin.HeldCount(), len(maps.Collect(r.s.Leases())), held)
 	}
 	// Held pages through the held scopes in order, from its index.
 	prefix := rapid.SampledFrom([]string{"", "a", "b", "a/", "c"}).Draw(t, "held prefix")
@@ -528,9 +529,18 @@ func TestApplyMatchesModel(t *testing.T) {
 			t.Fatal("at the end, the state and its twin differ")
 		}
 		for _, fz := range frozens {
-			head, body := fz.f.Encode()
-			if got := append(head, body...); !bytes.Equal(got, fz.want) {
+			var b bytes.Buffer
+			if _, err := fz.f.WriteTo(&b); err != nil {
+				t.Fatal(err)
+			}
+			if got := b.Bytes(); !bytes.Equal(got, fz.want) {
 				t.Fatalf("the state frozen at step %d encodes as\n%s\nbut was\n%s", fz.step, got, fz.want)
+			}
+			// Streamed one scope at a time, the body is still the bytes
+			// of json.Marshal, the format's definition.
+			whole, err := json.Marshal(fz.f.body)
+			if _, body, _ := bytes.Cut(b.Bytes(), []byte("\n")); err != nil || !bytes.Equal(body, whole) {
+				t.Fatalf("the streamed body\n%s\nis not json.Marshal's\n%s (%v)", body, whole, err)
 			}
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -36,8 +37,11 @@ type snapshotScope struct {
 
 // Snapshot encodes the whole state. Equal states encode to equal bytes.
 func (s *State) Snapshot() []byte {
-	head, body := s.Freeze().Encode()
-	return append(head, body...)
+	var b bytes.Buffer
+	if _, err := s.Freeze().WriteTo(&b); err != nil {
+		panic(err) // unreachable: a bytes.Buffer takes every write
+	}
+	return b.Bytes()
 }
 
 // Frozen is the state's content at one moment, captured so that encoding
@@ -66,77 +70,226 @@ func (s *State) Freeze() *Frozen {
 	return f
 }
 
-// Encode returns the snapshot's first line (its format and the body's
-// checksum) and its body, apart, so that a writer need not join them.
-func (f *Frozen) Encode() (head, body []byte) {
+// WriteTo writes the snapshot to w: its first line (the format and the
+// body's checksum), then the body. It streams: a million leases make a
+// body of hundreds of megabytes, which is never held in memory. Because
+// the checksum comes first, the body is encoded twice, once for the
+// checksum and once for w. It writes a scope at a time: give it a
+// buffered writer.
+func (f *Frozen) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(f.body.Scopes, func(a, b snapshotScope) int { return strings.Compare(a.Scope, b.Scope) })
-	body, err := json.Marshal(f.body)
-	if err != nil {
-		panic(err) // unreachable: every field marshals
+	crc := crc32.New(castagnoli)
+	if err := f.writeBody(crc); err != nil {
+		return 0, err
 	}
-	return fmt.Appendf(nil, "%s%08x\n", snapshotMagic, crc32.Checksum(body, castagnoli)), body
+	cw := &countingWriter{w: w}
+	if _, err := fmt.Fprintf(cw, "%s%08x\n", snapshotMagic, crc.Sum32()); err != nil {
+		return cw.n, err
+	}
+	err := f.writeBody(cw)
+	return cw.n, err
+}
+
+// writeBody writes the bytes json.Marshal(f.body) would return, one scope
+// at a time.
+func (f *Frozen) writeBody(w io.Writer) error {
+	rest, err := json.Marshal(struct {
+		Nodes   map[string]string `json:"nodes,omitempty"`
+		Removed []string          `json:"removed,omitempty"`
+		Keys    []SigningKey      `json:"keys,omitempty"`
+	}{f.body.Nodes, f.body.Removed, f.body.Keys})
+	if err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, `{"scopes":[`); err != nil {
+		return err
+	}
+	for i, sc := range f.body.Scopes {
+		b, err := json.Marshal(sc)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			b = append([]byte{','}, b...)
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	// rest is {} or {"nodes":...}: its members follow the scopes.
+	tail := []byte("]}")
+	if len(rest) > 2 {
+		tail = append([]byte("],"), rest[1:]...)
+	}
+	_, err = w.Write(tail)
+	return err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // Restore decodes a snapshot into a new State. It checks the checksum and
 // every record before returning, so a truncated or corrupted snapshot is
 // refused whole: nothing is half applied.
-func Restore(b []byte) (*State, error) {
-	head, body, ok := bytes.Cut(b, []byte("\n"))
-	if !ok || !strings.HasPrefix(string(head), snapshotMagic) {
+func Restore(b []byte) (*State, error) { return RestoreFrom(bytes.NewReader(b)) }
+
+// RestoreFrom is Restore reading from r, one scope at a time, so that
+// restoring holds the state and a small buffer, not the whole snapshot.
+func RestoreFrom(r io.Reader) (*State, error) {
+	head, err := readLine(r, len(snapshotMagic)+16)
+	if err != nil || !strings.HasPrefix(head, snapshotMagic) {
 		return nil, fmt.Errorf("restore snapshot: not a fence snapshot (bad header)")
 	}
-	want, err := strconv.ParseUint(strings.TrimPrefix(string(head), snapshotMagic), 16, 32)
+	want, err := strconv.ParseUint(strings.TrimPrefix(head, snapshotMagic), 16, 32)
 	if err != nil {
 		return nil, fmt.Errorf("restore snapshot: bad checksum field: %w", err)
 	}
-	if got := crc32.Checksum(body, castagnoli); got != uint32(want) {
-		return nil, fmt.Errorf("restore snapshot: checksum mismatch (stored %08x, computed %08x): truncated or corrupted", want, got)
-	}
-	var sb snapshotBody
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&sb); err != nil {
+	crc := crc32.New(castagnoli)
+	body := io.TeeReader(r, crc)
+	s, derr := decodeBody(body)
+	// The checksum covers the whole body, read or not: a corrupted body
+	// is reported as such, even where it first failed to decode.
+	if _, err := io.Copy(io.Discard, body); err != nil {
 		return nil, fmt.Errorf("restore snapshot: %w", err)
 	}
-	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
-		return nil, fmt.Errorf("restore snapshot: trailing data after the body")
+	if got := crc.Sum32(); got != uint32(want) {
+		return nil, fmt.Errorf("restore snapshot: checksum mismatch (stored %08x, computed %08x): truncated or corrupted", want, got)
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("restore snapshot: %w", derr)
+	}
+	return s, nil
+}
+
+// readLine reads up to a newline, a byte at a time so as to read nothing
+// after it, and returns the line without it; at most limit bytes.
+func readLine(r io.Reader, limit int) (string, error) {
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) <= limit {
+		if _, err := io.ReadFull(r, b); err != nil {
+			return "", err
+		}
+		if b[0] == '\n' {
+			return string(line), nil
+		}
+		line = append(line, b[0])
+	}
+	return "", fmt.Errorf("no newline in the first %d bytes", limit)
+}
+
+// decodeBody decodes and checks a snapshot's body, streaming its scopes.
+func decodeBody(r io.Reader) (*State, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	delim := func(want json.Delim) error {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if t != want {
+			return fmt.Errorf("found %v where %v belongs", t, want)
+		}
+		return nil
+	}
+	if err := delim('{'); err != nil {
+		return nil, err
 	}
 	s := New()
-	for _, r := range sb.Scopes {
-		if err := r.check(); err != nil {
-			return nil, fmt.Errorf("restore snapshot: scope %q: %w", r.Scope, err)
+	var sb snapshotBody
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
 		}
-		if _, dup := s.scopes[r.Scope]; dup {
-			return nil, fmt.Errorf("restore snapshot: scope %q appears twice", r.Scope)
+		key, _ := t.(string)
+		if seen[key] {
+			return nil, fmt.Errorf("field %q appears twice", key)
 		}
-		s.scopes[r.Scope] = &scope{last: r.Last, lease: r.Lease, waiters: r.Waiters, recent: r.Recent}
-		if r.Lease != nil {
-			s.held.ReplaceOrInsert(r.Scope)
+		seen[key] = true
+		switch key {
+		case "scopes":
+			if err := delim('['); err != nil {
+				return nil, err
+			}
+			for dec.More() {
+				var r snapshotScope
+				if err := dec.Decode(&r); err != nil {
+					return nil, err
+				}
+				if err := s.restoreScope(r); err != nil {
+					return nil, err
+				}
+			}
+			if err := delim(']'); err != nil {
+				return nil, err
+			}
+		case "nodes":
+			err = dec.Decode(&sb.Nodes)
+		case "removed":
+			err = dec.Decode(&sb.Removed)
+		case "keys":
+			err = dec.Decode(&sb.Keys)
+		default:
+			err = fmt.Errorf("unknown field %v", t)
 		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := delim('}'); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("trailing data after the body")
 	}
 	for id, addr := range sb.Nodes {
 		if err := ValidateNodeID(id); err != nil {
-			return nil, fmt.Errorf("restore snapshot: %w", err)
+			return nil, err
 		}
 		if err := validateAddr(addr); err != nil {
-			return nil, fmt.Errorf("restore snapshot: node %q: %w", id, err)
+			return nil, fmt.Errorf("node %q: %w", id, err)
 		}
 		s.nodes[id] = addr
 	}
 	for _, id := range sb.Removed {
 		if err := ValidateNodeID(id); err != nil {
-			return nil, fmt.Errorf("restore snapshot: removed %w", err)
+			return nil, fmt.Errorf("removed %w", err)
 		}
 		if _, ok := s.nodes[id]; ok {
-			return nil, fmt.Errorf("restore snapshot: node %q is both a member and removed", id)
+			return nil, fmt.Errorf("node %q is both a member and removed", id)
 		}
 		s.removed[id] = true
 	}
 	if err := checkKeys(sb.Keys); err != nil {
-		return nil, fmt.Errorf("restore snapshot: signing %w", err)
+		return nil, fmt.Errorf("signing %w", err)
 	}
 	s.keys = sb.Keys
 	return s, nil
+}
+
+// restoreScope adds a scope of a snapshot to s, a state being restored.
+func (s *State) restoreScope(r snapshotScope) error {
+	if err := r.check(); err != nil {
+		return fmt.Errorf("scope %q: %w", r.Scope, err)
+	}
+	if _, dup := s.scopes[r.Scope]; dup {
+		return fmt.Errorf("scope %q appears twice", r.Scope)
+	}
+	s.scopes[r.Scope] = &scope{last: r.Last, lease: r.Lease, waiters: r.Waiters, recent: r.Recent}
+	if r.Lease != nil {
+		s.held.ReplaceOrInsert(r.Scope)
+	}
+	return nil
 }
 
 func (r snapshotScope) check() error {

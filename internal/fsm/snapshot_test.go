@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +43,7 @@ func richState(tb testing.TB) *State {
 // sameState compares what the queries report of two states.
 func sameState(tb testing.TB, want, got *State) {
 	tb.Helper()
-	if diff := cmp.Diff(want.Leases(), got.Leases()); diff != "" {
+	if diff := cmp.Diff(maps.Collect(want.Leases()), maps.Collect(got.Leases())); diff != "" {
 		tb.Errorf("Leases (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(want.Held("", "", 0), got.Held("", "", 0)); diff != "" {

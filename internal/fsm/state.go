@@ -3,6 +3,7 @@ package fsm
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -438,16 +439,18 @@ func (s *State) Held(prefix, after string, limit int) []ScopeInfo {
 // HeldCount returns the number of scopes held by a lease.
 func (s *State) HeldCount() int { return s.held.Len() }
 
-// Leases returns every current lease, by scope. The leader uses it to give
-// each held lease a full TTL when it takes office.
-func (s *State) Leases() map[string]Lease {
-	out := make(map[string]Lease)
-	for name, sc := range s.scopes {
-		if sc.lease != nil {
-			out[name] = *sc.lease
+// Leases yields every current lease, by scope, as a copy. The leader uses
+// it to give each held lease a full TTL when it takes office. It builds
+// nothing: at a million leases, a map of them all would cost hundreds of
+// megabytes.
+func (s *State) Leases() iter.Seq2[string, Lease] {
+	return func(yield func(string, Lease) bool) {
+		for name, sc := range s.scopes {
+			if sc.lease != nil && !yield(name, *sc.lease) {
+				return
+			}
 		}
 	}
-	return out
 }
 
 func (s *State) sortedScopes(prefix string) []string {

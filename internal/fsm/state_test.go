@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -642,7 +643,7 @@ func TestLeasesCopiesTheCurrentLeases(t *testing.T) {
 	s.Apply(acquire("c", 4))
 	s.Apply(release("c", 4))
 	want := map[string]Lease{"a": leaseOf(1, 1), "b": leaseOf(3, 1)}
-	got := s.Leases()
+	got := maps.Collect(s.Leases())
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("Leases (-want +got):\n%s", diff)
 	}

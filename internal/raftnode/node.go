@@ -9,6 +9,7 @@
 package raftnode
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"crypto/tls"
@@ -352,11 +353,7 @@ func (m *machine) Snapshot() (raft.FSMSnapshot, error) {
 
 func (m *machine) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
-	st, err := fsm.Restore(b)
+	st, err := fsm.RestoreFrom(bufio.NewReaderSize(rc, 1<<20))
 	if err != nil {
 		return err
 	}
@@ -374,12 +371,12 @@ func (m *machine) Restore(rc io.ReadCloser) error {
 type snapshot struct{ f *fsm.Frozen }
 
 func (s snapshot) Persist(sink raft.SnapshotSink) error {
-	head, body := s.f.Encode()
-	if _, err := sink.Write(head); err != nil {
+	w := bufio.NewWriterSize(sink, 1<<20)
+	if _, err := s.f.WriteTo(w); err != nil {
 		sink.Cancel()
 		return err
 	}
-	if _, err := sink.Write(body); err != nil {
+	if err := w.Flush(); err != nil {
 		sink.Cancel()
 		return err
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/heap"
+	"iter"
 	"sync"
 	"time"
 
@@ -67,13 +68,13 @@ func (d *deadlines) ended(scope string, token uint64) {
 	}
 }
 
-// reset gives every held lease a full TTL from now. A new leader calls it
-// before expiring anything (invariant 5): its predecessor may have
-// confirmed renewals it never heard of.
-func (d *deadlines) reset(leases map[string]fsm.Lease, now time.Time) {
+// reset gives every held lease, n of them, a full TTL from now. A new
+// leader calls it before expiring anything (invariant 5): its predecessor
+// may have confirmed renewals it never heard of.
+func (d *deadlines) reset(n int, leases iter.Seq2[string, fsm.Lease], now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.by = make(map[string]*deadline, len(leases))
+	d.by = make(map[string]*deadline, n)
 	d.heap = d.heap[:0]
 	for scope, l := range leases {
 		d.setLocked(scope, l, now)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -76,7 +77,7 @@ func TestDeadlinesResetGivesFullTTL(t *testing.T) {
 	d.granted("a", a, t0)
 	d.due(t0.Add(2*time.Second), 10) // a is expiring
 	t1 := t0.Add(time.Hour)
-	d.reset(map[string]fsm.Lease{"a": a, "b": b}, t1)
+	d.reset(2, maps.All(map[string]fsm.Lease{"a": a, "b": b}), t1)
 	for scope, want := range map[string]time.Duration{"a": time.Second, "b": 5 * time.Second} {
 		tok := map[string]uint64{"a": 1, "b": 9}[scope]
 		if got := d.left(scope, tok, t1); got != want {

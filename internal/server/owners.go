@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"iter"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -20,7 +21,7 @@ type owners struct {
 	n  map[string]int
 }
 
-func (o *owners) reset(leases map[string]fsm.Lease) {
+func (o *owners) reset(leases iter.Seq2[string, fsm.Lease]) {
 	n := make(map[string]int)
 	for _, l := range leases {
 		if l.Owner != "" {

@@ -290,9 +290,11 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	if err := s.node.Barrier(bctx); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
-	var leases map[string]fsm.Lease
-	s.node.Read(func(st *fsm.State) { leases = st.Leases() })
-	s.deadlines.reset(leases, time.Now())
+	held := 0
+	s.node.Read(func(st *fsm.State) {
+		held = st.HeldCount()
+		s.deadlines.reset(held, st.Leases(), time.Now())
+	})
 	if _, err := s.node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: time.Now().UnixNano()}); err != nil {
 		return fmt.Errorf("promote: %w", err)
 	}
@@ -307,7 +309,7 @@ func (s *Server) takeOffice(ctx context.Context) error {
 		return ctx.Err()
 	}
 	s.ready.Store(true)
-	s.log.Info("leader ready", "held_leases", len(leases))
+	s.log.Info("leader ready", "held_leases", held)
 	return nil
 }
 

@@ -125,7 +125,7 @@ func (s *Server) leasesView() leasesView {
 	total := 0
 	s.node.Read(func(st *fsm.State) {
 		held = st.Held("", "", maxStatusLeases)
-		total = len(st.Leases())
+		total = st.HeldCount()
 	})
 	v.More = total - len(held)
 	for _, in := range held {
