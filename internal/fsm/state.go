@@ -54,7 +54,37 @@ type scope struct {
 	last    uint64 // the highest token issued; 0 before the first grant
 	lease   *Lease // nil when free
 	waiters []Waiter
-	recent  []grant // oldest first, at most recentGrants
+	// ended holds the grants that ended, oldest first: with the current
+	// lease, if any, the scope's last recentGrants grants. The current
+	// lease is not copied here, which a million held scopes would pay for,
+	// except as restored from a snapshot written before grants recorded
+	// their holder, where its copy is kept as it was (see hasCurrent).
+	ended []grant
+}
+
+// grantOf is what a scope remembers of l once it has ended.
+func grantOf(l *Lease) grant {
+	g := grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID}
+	if l.RequestID != "" {
+		g.Holder = l.Holder // only a retry, by the same holder, looks for it
+	}
+	return g
+}
+
+// recent returns the scope's last recentGrants grants, oldest first: the
+// ended ones, then the current lease's.
+func (sc *scope) recent() []grant {
+	if sc.lease == nil || sc.hasCurrent() {
+		return slices.Clone(sc.ended)
+	}
+	return append(slices.Clip(sc.ended), grantOf(sc.lease))
+}
+
+// hasCurrent reports whether ended already ends with the current lease's
+// grant, which only a restored snapshot can make so.
+func (sc *scope) hasCurrent() bool {
+	n := len(sc.ended)
+	return sc.lease != nil && n > 0 && sc.ended[n-1].Token == sc.lease.Token
 }
 
 // Outcome is what a command or lookup did.
@@ -229,11 +259,11 @@ func (sc *scope) retried(c Command) (Result, bool) {
 	case i >= 0:
 		r, holder = Result{Outcome: Queued, Scope: c.Scope, Lease: sc.waiters[i].lease()}, sc.waiters[i].Holder
 	default:
-		j := slices.IndexFunc(sc.recent, func(g grant) bool { return g.RequestID == c.RequestID })
+		j := slices.IndexFunc(sc.ended, func(g grant) bool { return g.RequestID == c.RequestID })
 		if j < 0 {
 			return Result{}, false
 		}
-		g := sc.recent[j]
+		g := sc.ended[j]
 		r, holder = Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}, g.Holder
 	}
 	if holder != c.Holder {
@@ -253,13 +283,8 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 	sc.last++
 	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at, Owner: w.Owner}
 	sc.lease = &l
-	g := grant{Token: l.Token, ID: l.ID, RequestID: l.RequestID}
-	if l.RequestID != "" {
-		g.Holder = l.Holder // only a retry, by the same holder, looks for it
-	}
-	sc.recent = append(sc.recent, g)
-	if n := len(sc.recent); n > recentGrants {
-		sc.recent = slices.Delete(sc.recent, 0, n-recentGrants)
+	if n := len(sc.ended); n > recentGrants-1 {
+		sc.ended = slices.Delete(sc.ended, 0, n-(recentGrants-1))
 	}
 	r.Outcome, r.Lease = Granted, l
 	r.Events = append(r.Events, Event{Kind: EventGranted, Scope: name, Lease: l})
@@ -269,6 +294,9 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 // the first waiter, if any.
 func (sc *scope) free(name string, kind EventKind, at int64, r *Result) {
 	l := *sc.lease
+	if !sc.hasCurrent() {
+		sc.ended = append(sc.ended, grantOf(&l)) // at most recentGrants: held, it kept one fewer
+	}
 	sc.lease = nil
 	r.Events = append(r.Events, Event{Kind: kind, Scope: name, Lease: l})
 	if len(sc.waiters) == 0 {
@@ -359,7 +387,7 @@ func (s *State) promote() Result {
 
 // notCurrent answers a renew or release whose lease ID is not current.
 func (sc *scope) notCurrent(c Command) Result {
-	for _, g := range sc.recent {
+	for _, g := range sc.ended {
 		if g.ID == c.LeaseID {
 			return Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}
 		}

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
 )
 
@@ -22,21 +21,25 @@ type deadlines struct {
 	by   map[string]*deadline // by scope
 	heap deadlineHeap
 	wake chan struct{} // signalled when an earlier deadline may exist
+	base time.Time     // what deadline.at counts from, on the monotonic clock
 }
 
+// deadline is kept small, 48 bytes: there is one per held lease.
 type deadline struct {
 	scope    string
 	token    uint64
-	id       fence.LeaseID
 	ttl      time.Duration
-	at       time.Time
+	at       time.Duration // since deadlines.base
+	index    int32         // in the heap
 	expiring bool
-	index    int // in the heap
 }
 
 func newDeadlines() *deadlines {
-	return &deadlines{by: make(map[string]*deadline), wake: make(chan struct{}, 1)}
+	return &deadlines{by: make(map[string]*deadline), wake: make(chan struct{}, 1), base: time.Now()}
 }
+
+// since returns t on the deadlines' clock.
+func (d *deadlines) since(t time.Time) time.Duration { return t.Sub(d.base) }
 
 // granted starts a full TTL for a new lease.
 func (d *deadlines) granted(scope string, l fsm.Lease, now time.Time) {
@@ -47,9 +50,9 @@ func (d *deadlines) granted(scope string, l fsm.Lease, now time.Time) {
 
 func (d *deadlines) setLocked(scope string, l fsm.Lease, now time.Time) {
 	if old := d.by[scope]; old != nil {
-		heap.Remove(&d.heap, old.index)
+		heap.Remove(&d.heap, int(old.index))
 	}
-	e := &deadline{scope: scope, token: l.Token, id: l.ID, ttl: l.TTL, at: now.Add(l.TTL)}
+	e := &deadline{scope: scope, token: l.Token, ttl: l.TTL, at: d.since(now) + l.TTL}
 	d.by[scope] = e
 	heap.Push(&d.heap, e)
 	select {
@@ -63,7 +66,7 @@ func (d *deadlines) ended(scope string, token uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e := d.by[scope]; e != nil && e.token == token {
-		heap.Remove(&d.heap, e.index)
+		heap.Remove(&d.heap, int(e.index))
 		delete(d.by, scope)
 	}
 }
@@ -100,8 +103,8 @@ func (d *deadlines) renew(scope string, now time.Time, check func() fsm.Result) 
 	case e.expiring:
 		return fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}, 0
 	default:
-		e.at = now.Add(e.ttl)
-		heap.Fix(&d.heap, e.index)
+		e.at = d.since(now) + e.ttl
+		heap.Fix(&d.heap, int(e.index))
 	}
 	return r, r.Lease.TTL
 }
@@ -111,7 +114,7 @@ func (d *deadlines) left(scope string, token uint64, now time.Time) time.Duratio
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e := d.by[scope]; e != nil && e.token == token && !e.expiring {
-		return max(e.at.Sub(now), 0)
+		return max(e.at-d.since(now), 0)
 	}
 	return 0
 }
@@ -122,20 +125,21 @@ func (d *deadlines) due(now time.Time, limit int) ([]deadline, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []deadline
+	t := d.since(now)
 	for len(d.heap) > 0 && len(out) < limit {
 		e := d.heap[0]
-		if e.at.After(now) {
-			return out, e.at
+		if e.at > t {
+			return out, d.base.Add(e.at)
 		}
 		e.expiring = true
 		// Keep it tracked but out of the way until the Expire is applied
 		// (ended) or fails (retry).
-		e.at = now.Add(time.Hour)
-		heap.Fix(&d.heap, e.index)
+		e.at = t + time.Hour
+		heap.Fix(&d.heap, 0)
 		out = append(out, *e)
 	}
 	if len(d.heap) > 0 {
-		return out, d.heap[0].at
+		return out, d.base.Add(d.heap[0].at)
 	}
 	return out, time.Time{}
 }
@@ -146,22 +150,22 @@ func (d *deadlines) retry(scope string, token uint64, at time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e := d.by[scope]; e != nil && e.token == token && e.expiring {
-		e.at = at
-		heap.Fix(&d.heap, e.index)
+		e.at = d.since(at)
+		heap.Fix(&d.heap, int(e.index))
 	}
 }
 
 type deadlineHeap []*deadline
 
 func (h deadlineHeap) Len() int           { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at < h[j].at }
 func (h deadlineHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].index, h[j].index = int32(i), int32(j)
 }
 func (h *deadlineHeap) Push(x any) {
 	e := x.(*deadline)
-	e.index = len(*h)
+	e.index = int32(len(*h))
 	*h = append(*h, e)
 }
 func (h *deadlineHeap) Pop() any {

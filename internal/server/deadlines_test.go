@@ -4,6 +4,7 @@ import (
 	"maps"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
@@ -111,5 +112,13 @@ func TestDeadlinesDueInOrder(t *testing.T) {
 	}
 	if !next.Equal(t0.Add(3 * time.Second)) {
 		t.Fatalf("next = %v, want t0+3s", next.Sub(t0))
+	}
+}
+
+// TestDeadlineIsSmall: the leader keeps one deadline per held lease, a
+// million of them at scale; a field added carelessly costs that many.
+func TestDeadlineIsSmall(t *testing.T) {
+	if n := unsafe.Sizeof(deadline{}); n > 48 {
+		t.Fatalf("a deadline takes %d bytes, was 48", n)
 	}
 }
