@@ -50,16 +50,17 @@ func (s *State) Snapshot() []byte {
 // there would hold every command back for seconds.
 type Frozen struct{ body snapshotBody }
 
-// Freeze captures the state for Encode. It copies what later commands
-// change in place (lines of waiters and recent grants, shifted when one
+// Freeze captures the state for WriteTo. It copies what later commands
+// change in place (lines of waiters and ended grants, shifted when one
 // leaves) and shares what they only replace (each lease), so it costs one
-// pass over the scopes.
+// pass over the scopes, and allocates nothing for a scope whose lease is
+// its first grant: WriteTo adds the current lease to the recent grants.
 func (s *State) Freeze() *Frozen {
 	f := &Frozen{}
 	f.body.Scopes = make([]snapshotScope, 0, len(s.scopes))
 	for name, sc := range s.scopes {
 		f.body.Scopes = append(f.body.Scopes, snapshotScope{
-			Scope: name, Last: sc.last, Lease: sc.lease, Waiters: slices.Clone(sc.waiters), Recent: sc.recent(),
+			Scope: name, Last: sc.last, Lease: sc.lease, Waiters: slices.Clone(sc.waiters), Recent: slices.Clone(sc.ended),
 		})
 	}
 	if len(s.nodes) > 0 {
@@ -108,14 +109,19 @@ func (f *Frozen) writeBody(w io.Writer) error {
 	// allocate each scope's bytes, a million times twice per snapshot, and
 	// the collector's work would slow the applies beside it. The buffer
 	// starts with the separator; Encode's newline is dropped.
-	var buf bytes.Buffer
+	var (
+		buf    bytes.Buffer
+		recent []grant
+	)
 	enc := json.NewEncoder(&buf)
 	for i := range f.body.Scopes {
 		buf.Reset()
 		if i > 0 {
 			buf.WriteByte(',')
 		}
-		if err := enc.Encode(&f.body.Scopes[i]); err != nil {
+		sc := f.body.Scopes[i]
+		recent = sc.complete(recent)
+		if err := enc.Encode(&sc); err != nil {
 			return err
 		}
 		if _, err := w.Write(buf.Bytes()[:buf.Len()-1]); err != nil {
@@ -281,6 +287,21 @@ func decodeBody(r io.Reader) (*State, error) {
 	}
 	s.keys = sb.Keys
 	return s, nil
+}
+
+// complete adds the current lease's grant to a frozen scope's ended
+// grants, as the snapshot records them, unless they end with it already (a
+// scope restored from a snapshot written before grants recorded their
+// holder). It appends to buf rather than to the shared ended grants, and
+// returns buf for the next scope.
+func (r *snapshotScope) complete(buf []grant) []grant {
+	n := len(r.Recent)
+	if r.Lease == nil || n > 0 && r.Recent[n-1].Token == r.Lease.Token {
+		return buf
+	}
+	buf = append(append(buf[:0], r.Recent...), grantOf(r.Lease))
+	r.Recent = buf
+	return buf
 }
 
 // restoreScope adds a scope of a snapshot to s, a state being restored.

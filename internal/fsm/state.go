@@ -71,15 +71,6 @@ func grantOf(l *Lease) grant {
 	return g
 }
 
-// recent returns the scope's last recentGrants grants, oldest first: the
-// ended ones, then the current lease's.
-func (sc *scope) recent() []grant {
-	if sc.lease == nil || sc.hasCurrent() {
-		return slices.Clone(sc.ended)
-	}
-	return append(slices.Clip(sc.ended), grantOf(sc.lease))
-}
-
 // hasCurrent reports whether ended already ends with the current lease's
 // grant, which only a restored snapshot can make so.
 func (sc *scope) hasCurrent() bool {
