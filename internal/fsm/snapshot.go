@@ -91,8 +91,8 @@ func (f *Frozen) WriteTo(w io.Writer) (int64, error) {
 	return cw.n, err
 }
 
-// writeBody writes the bytes json.Marshal(f.body) would return, one scope
-// at a time.
+// writeBody writes, one scope at a time, the bytes json.Marshal would
+// return for f.body with each scope's recent grants completed.
 func (f *Frozen) writeBody(w io.Writer) error {
 	rest, err := json.Marshal(struct {
 		Nodes   map[string]string `json:"nodes,omitempty"`
@@ -106,9 +106,9 @@ func (f *Frozen) writeBody(w io.Writer) error {
 		return err
 	}
 	// One Encoder and one buffer for every scope: json.Marshal would
-	// allocate each scope's bytes, a million times twice per snapshot, and
-	// the collector's work would slow the applies beside it. The buffer
-	// starts with the separator; Encode's newline is dropped.
+	// allocate each scope's bytes, a million times twice per snapshot,
+	// for the collector to clear. The buffer starts with the separator;
+	// Encode's newline is dropped.
 	var (
 		buf    bytes.Buffer
 		recent []grant
