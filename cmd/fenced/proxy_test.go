@@ -79,6 +79,14 @@ func (p *partitionProxy) serve() {
 			continue
 		}
 		p.mu.Lock()
+		if p.refuses(src) {
+			// Cut while this connection was being dialled: set did not
+			// see it, so it must not outlive the cut.
+			p.mu.Unlock()
+			in.Close()
+			out.Close()
+			continue
+		}
 		p.conns[in], p.conns[out] = src, src
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
