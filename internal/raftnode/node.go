@@ -372,11 +372,11 @@ type snapshot struct{ f *fsm.Frozen }
 
 func (s snapshot) Persist(sink raft.SnapshotSink) error {
 	w := bufio.NewWriterSize(sink, 1<<20)
-	if _, err := s.f.WriteTo(w); err != nil {
-		sink.Cancel()
-		return err
+	_, err := s.f.WriteTo(w)
+	if err == nil {
+		err = w.Flush()
 	}
-	if err := w.Flush(); err != nil {
+	if err != nil {
 		sink.Cancel()
 		return err
 	}
