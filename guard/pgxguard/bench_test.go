@@ -15,7 +15,7 @@ import (
 // writes.
 func BenchmarkSend(b *testing.B) {
 	pool, table := newPool(b, "_value")
-	mustExec(b, pool, "CREATE TABLE "+table+"_value (scope VARCHAR(256) PRIMARY KEY, token BIGINT NOT NULL, val VARCHAR(64) NOT NULL)")
+	valueTable(b, pool, table)
 	s := newStore(b, pool, table, quiet)
 	n := 0
 	batch := func() *pgx.Batch {
@@ -34,7 +34,7 @@ func BenchmarkSend(b *testing.B) {
 // under Update, which sends the fence statement with its BEGIN.
 func BenchmarkUpdate(b *testing.B) {
 	pool, table := newPool(b, "_value")
-	mustExec(b, pool, "CREATE TABLE "+table+"_value (scope VARCHAR(256) PRIMARY KEY, token BIGINT NOT NULL, val VARCHAR(64) NOT NULL)")
+	valueTable(b, pool, table)
 	s := newStore(b, pool, table, quiet)
 	n := 0
 	put := func(tx pgx.Tx) error {

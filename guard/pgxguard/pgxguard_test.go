@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/fence-dev/fence"
@@ -62,6 +63,12 @@ var writes = map[string]write{
 	},
 }
 
+// valueTable creates table_value, one value per scope, which upsert sets.
+func valueTable(t testing.TB, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	mustExec(t, pool, "CREATE TABLE "+table+"_value (scope VARCHAR(256) PRIMARY KEY, token BIGINT NOT NULL, val VARCHAR(64) NOT NULL)")
+}
+
 func upsert(name string) string {
 	return "INSERT INTO " + name + "_value (scope, token, val) VALUES ($1, $2, $3) ON CONFLICT (scope) DO UPDATE SET token = excluded.token, val = excluded.val"
 }
@@ -74,7 +81,7 @@ func TestConcurrent(t *testing.T) {
 	for name, write := range writes {
 		t.Run(name, func(t *testing.T) {
 			pool, table := newPool(t, "_value", "_log")
-			mustExec(t, pool, "CREATE TABLE "+table+"_value (scope VARCHAR(256) PRIMARY KEY, token BIGINT NOT NULL, val VARCHAR(64) NOT NULL)")
+			valueTable(t, pool, table)
 			mustExec(t, pool, "CREATE TABLE "+table+"_log (id bigserial PRIMARY KEY, scope VARCHAR(256) NOT NULL, token BIGINT NOT NULL)")
 			s := newStore(t, pool, table, quiet)
 			scopes := []string{"orders/1", "orders/2", "orders/3"}
