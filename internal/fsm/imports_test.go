@@ -19,6 +19,9 @@ var allowedImports = []string{
 	// Snapshots stream to and from a writer and a reader the caller gives.
 	"io",
 	"iter",
+	// Holders and owners are interned: a canonical copy of an immutable
+	// string, which changes no value.
+	"unique",
 	"github.com/fence-dev/fence",
 	// An ordered index of held scopes; a data structure, no I/O.
 	"github.com/google/btree",

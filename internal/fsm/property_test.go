@@ -539,10 +539,11 @@ func TestApplyMatchesModel(t *testing.T) {
 			// Streamed one scope at a time, the body is still the bytes
 			// of json.Marshal, the format's definition, once each scope's
 			// current lease has joined its recent grants.
-			full := fz.f.body
-			full.Scopes = slices.Clone(full.Scopes)
-			for i := range full.Scopes {
-				full.Scopes[i].complete(nil)
+			full := snapshotBody{Scopes: []snapshotScope{}, Nodes: fz.f.nodes, Removed: fz.f.removed, Keys: fz.f.keys}
+			for i := range fz.f.scopes {
+				sc := fz.f.scopes[i].record()
+				sc.complete(nil)
+				full.Scopes = append(full.Scopes, sc)
 			}
 			whole, err := json.Marshal(full)
 			if _, body, _ := bytes.Cut(b.Bytes(), []byte("\n")); err != nil || !bytes.Equal(body, whole) {

@@ -53,8 +53,8 @@ func randomLog(seed uint64, n int) []Command {
 			c = Command{Op: OpExpire, Scope: scope, Token: tok, At: at}
 		case k < 17:
 			id := pick(scope)
-			if sc := s.scopes[scope]; sc != nil && len(sc.waiters) > 0 && rng.IntN(2) == 0 {
-				id = sc.waiters[rng.IntN(len(sc.waiters))].ID
+			if sc := s.scopes[scope]; sc != nil && len(sc.waiters()) > 0 && rng.IntN(2) == 0 {
+				id = sc.waiters()[rng.IntN(len(sc.waiters()))].ID
 			}
 			c = Command{Op: OpCancel, Scope: scope, LeaseID: id, At: at}
 		case k < 18:

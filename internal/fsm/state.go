@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/google/btree"
 
@@ -51,8 +52,15 @@ type grant struct {
 // scope is one scope's record. It is never deleted: its counter must
 // outlive every lease.
 type scope struct {
-	last    uint64 // the highest token issued; 0 before the first grant
-	lease   *Lease // nil when free
+	last  uint64 // the highest token issued; 0 before the first grant
+	lease *Lease // nil when free
+	// more is nil until the scope has a waiter or a lease of it ends: a
+	// million scopes each granted once need neither, and the two slices
+	// would more than double what each of them costs.
+	more *scopeMore
+}
+
+type scopeMore struct {
 	waiters []Waiter
 	// ended holds the grants that ended, oldest first: with the current
 	// lease, if any, the scope's last recentGrants grants. The current
@@ -60,6 +68,28 @@ type scope struct {
 	// except as restored from a snapshot written before grants recorded
 	// their holder, where its copy is kept as it was (see hasCurrent).
 	ended []grant
+}
+
+func (sc *scope) waiters() []Waiter {
+	if sc.more == nil {
+		return nil
+	}
+	return sc.more.waiters
+}
+
+func (sc *scope) ended() []grant {
+	if sc.more == nil {
+		return nil
+	}
+	return sc.more.ended
+}
+
+// grow returns sc.more, made if need be, for a change to either slice.
+func (sc *scope) grow() *scopeMore {
+	if sc.more == nil {
+		sc.more = &scopeMore{}
+	}
+	return sc.more
 }
 
 // grantOf is what a scope remembers of l once it has ended.
@@ -74,8 +104,9 @@ func grantOf(l *Lease) grant {
 // hasCurrent reports whether ended already ends with the current lease's
 // grant, which only a restored snapshot can make so.
 func (sc *scope) hasCurrent() bool {
-	n := len(sc.ended)
-	return sc.lease != nil && n > 0 && sc.ended[n-1].Token == sc.lease.Token
+	ended := sc.ended()
+	n := len(ended)
+	return sc.lease != nil && n > 0 && ended[n-1].Token == sc.lease.Token
 }
 
 // Outcome is what a command or lookup did.
@@ -221,16 +252,27 @@ func (s *State) acquire(c Command) Result {
 		if !c.Wait {
 			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease}
 		}
-		if c.MaxWaiters > 0 && len(sc.waiters) >= c.MaxWaiters {
+		if c.MaxWaiters > 0 && len(sc.waiters()) >= c.MaxWaiters {
 			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease, Err: ErrLineFull}
 		}
-		w := Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID, Owner: c.Owner}
-		sc.waiters = append(sc.waiters, w)
+		w := Waiter{ID: c.LeaseID, Holder: intern(c.Holder), TTL: c.TTL, RequestID: c.RequestID, Owner: intern(c.Owner)}
+		m := sc.grow()
+		m.waiters = append(m.waiters, w)
 		return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}
 	}
 	var r Result
-	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: c.Holder, TTL: c.TTL, RequestID: c.RequestID, Owner: c.Owner}, c.At, &r)
+	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: intern(c.Holder), TTL: c.TTL, RequestID: c.RequestID, Owner: intern(c.Owner)}, c.At, &r)
 	return r
+}
+
+// intern returns the one copy of s that every lease shares: holders and
+// owners repeat across leases, and each command decoded from the log
+// brings its own copy, which a million leases would each keep.
+func intern(s string) string {
+	if s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
 }
 
 // retried answers an acquire whose request ID this scope has seen: the
@@ -244,17 +286,18 @@ func (sc *scope) retried(c Command) (Result, bool) {
 		r      Result
 		holder string
 	)
-	switch i := slices.IndexFunc(sc.waiters, func(w Waiter) bool { return w.RequestID == c.RequestID }); {
+	waiters, ended := sc.waiters(), sc.ended()
+	switch i := slices.IndexFunc(waiters, func(w Waiter) bool { return w.RequestID == c.RequestID }); {
 	case sc.lease != nil && sc.lease.RequestID == c.RequestID:
 		r, holder = Result{Outcome: Granted, Scope: c.Scope, Lease: *sc.lease}, sc.lease.Holder
 	case i >= 0:
-		r, holder = Result{Outcome: Queued, Scope: c.Scope, Lease: sc.waiters[i].lease()}, sc.waiters[i].Holder
+		r, holder = Result{Outcome: Queued, Scope: c.Scope, Lease: waiters[i].lease()}, waiters[i].Holder
 	default:
-		j := slices.IndexFunc(sc.ended, func(g grant) bool { return g.RequestID == c.RequestID })
+		j := slices.IndexFunc(ended, func(g grant) bool { return g.RequestID == c.RequestID })
 		if j < 0 {
 			return Result{}, false
 		}
-		g := sc.ended[j]
+		g := ended[j]
 		r, holder = Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}, g.Holder
 	}
 	if holder != c.Holder {
@@ -274,8 +317,8 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 	sc.last++
 	l := Lease{Token: sc.last, ID: w.ID, Holder: w.Holder, TTL: w.TTL, RequestID: w.RequestID, GrantedAt: at, Owner: w.Owner}
 	sc.lease = &l
-	if n := len(sc.ended); n > recentGrants-1 {
-		sc.ended = slices.Delete(sc.ended, 0, n-(recentGrants-1))
+	if n := len(sc.ended()); n > recentGrants-1 {
+		sc.more.ended = slices.Delete(sc.more.ended, 0, n-(recentGrants-1))
 	}
 	r.Outcome, r.Lease = Granted, l
 	r.Events = append(r.Events, Event{Kind: EventGranted, Scope: name, Lease: l})
@@ -286,23 +329,24 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 func (sc *scope) free(name string, kind EventKind, at int64, r *Result) {
 	l := *sc.lease
 	if !sc.hasCurrent() {
-		sc.ended = append(sc.ended, grantOf(&l)) // at most recentGrants: held, it kept one fewer
+		m := sc.grow()
+		m.ended = append(m.ended, grantOf(&l)) // at most recentGrants: held, it kept one fewer
 	}
 	sc.lease = nil
 	r.Events = append(r.Events, Event{Kind: kind, Scope: name, Lease: l})
-	if len(sc.waiters) == 0 {
+	if len(sc.waiters()) == 0 {
 		return
 	}
-	next := sc.waiters[0]
-	sc.waiters = slices.Delete(sc.waiters, 0, 1)
+	next := sc.more.waiters[0]
+	sc.more.waiters = slices.Delete(sc.more.waiters, 0, 1)
 	var g Result
 	sc.grant(name, next, at, &g)
 	if g.Outcome == Exhausted {
 		// No token is left for anyone: the queue can never be served.
-		for _, w := range append([]Waiter{next}, sc.waiters...) {
+		for _, w := range append([]Waiter{next}, sc.more.waiters...) {
 			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
 		}
-		sc.waiters = nil
+		sc.more.waiters = nil
 		return
 	}
 	r.Events = append(r.Events, g.Events...)
@@ -350,9 +394,9 @@ func (s *State) cancel(c Command) Result {
 	if sc == nil {
 		return Result{Outcome: NoOp, Scope: c.Scope}
 	}
-	for i, w := range sc.waiters {
+	for i, w := range sc.waiters() {
 		if w.ID == c.LeaseID {
-			sc.waiters = slices.Delete(sc.waiters, i, i+1)
+			sc.more.waiters = slices.Delete(sc.more.waiters, i, i+1)
 			l := w.lease()
 			return Result{Outcome: Cancelled, Scope: c.Scope, Lease: l,
 				Events: []Event{{Kind: EventCancelled, Scope: c.Scope, Lease: l}}}
@@ -368,17 +412,19 @@ func (s *State) promote() Result {
 	r := Result{Outcome: NoOp}
 	for _, name := range s.sortedScopes("") {
 		sc := s.scopes[name]
-		for _, w := range sc.waiters {
+		for _, w := range sc.waiters() {
 			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
 		}
-		sc.waiters = nil
+		if sc.more != nil {
+			sc.more.waiters = nil
+		}
 	}
 	return r
 }
 
 // notCurrent answers a renew or release whose lease ID is not current.
 func (sc *scope) notCurrent(c Command) Result {
-	for _, g := range sc.ended {
+	for _, g := range sc.ended() {
 		if g.ID == c.LeaseID {
 			return Result{Outcome: Lost, Scope: c.Scope, Lease: Lease{Token: g.Token, ID: g.ID}, Current: sc.current()}
 		}
@@ -428,7 +474,7 @@ func (s *State) Get(name string) ScopeInfo {
 }
 
 func (sc *scope) info(name string) ScopeInfo {
-	in := ScopeInfo{Scope: name, Last: sc.last, Waiters: len(sc.waiters)}
+	in := ScopeInfo{Scope: name, Last: sc.last, Waiters: len(sc.waiters())}
 	if sc.lease != nil {
 		l := *sc.lease
 		in.Lease = &l

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -686,5 +687,34 @@ func TestEventKindStringDoesNotPanic(t *testing.T) {
 			}()
 			_ = k.String()
 		}()
+	}
+}
+
+// A million scopes each granted once are what a busy service holds, so a
+// scope's record stays small and its lines of waiters and ended grants are
+// made only when needed, live or restored; and holders, which repeat across
+// leases, are kept once however many commands brought a copy.
+func TestHeldScopeIsCompact(t *testing.T) {
+	if n := unsafe.Sizeof(scope{}); n > 24 {
+		t.Fatalf("a scope's record takes %d bytes, was 24", n)
+	}
+	s := New()
+	for i := range 3 {
+		c := acquire(fmt.Sprintf("s%d", i), 1, reqID(fmt.Sprintf("r%d", i)))
+		c.Holder = strings.Clone("shared-holder") // as decoding each command makes it
+		s.Apply(c)
+	}
+	s.Apply(acquire("s0", 2, wait))
+	s.Apply(release("s1", 1))
+	restored := mustRestore(t, string(bytes.SplitN(s.Snapshot(), []byte("\n"), 2)[1]))
+	for _, st := range []*State{s, restored} {
+		for name, want := range map[string]bool{"s0": true, "s1": true, "s2": false} {
+			if got := st.scopes[name].more != nil; got != want {
+				t.Errorf("scope %s has its lines made: %v, want %v", name, got, want)
+			}
+		}
+		if a, b := st.scopes["s0"].lease.Holder, st.scopes["s2"].lease.Holder; unsafe.StringData(a) != unsafe.StringData(b) {
+			t.Errorf("two leases of holder %q keep a copy each", a)
+		}
 	}
 }
