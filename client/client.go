@@ -177,8 +177,7 @@ func (c *Client) Close() error {
 // renew it within its TTL. Most programs want Acquire. A held scope gives a
 // *fence.HeldError.
 func (c *Client) Grant(ctx context.Context, scope string, opts ...AcquireOption) (fence.Lease, error) {
-	a := c.acquireConfig(opts)
-	l, _, _, err := c.grant(ctx, scope, a)
+	l, _, _, err := c.grant(ctx, scope, withRequestID(c.acquireConfig(opts)))
 	return l, err
 }
 
@@ -187,6 +186,11 @@ func (c *Client) acquireConfig(opts []AcquireOption) acquireConfig {
 	for _, o := range opts {
 		o.applyAcquire(&a)
 	}
+	return a
+}
+
+// withRequestID gives a a random request ID unless the caller chose one.
+func withRequestID(a acquireConfig) acquireConfig {
 	if a.requestID == "" {
 		var b [16]byte
 		_, _ = crand.Read(b[:])

@@ -560,6 +560,77 @@ func TestRetriedAcquire(t *testing.T) {
 	}
 }
 
+// TestCallerRetriedAcquire: a caller that retries an acquire itself, with
+// the request ID it chose, gets the grant of its first call, whose deadline
+// started then: the lease must not count itself valid from the second
+// call's send time.
+func TestCallerRetriedAcquire(t *testing.T) {
+	_, c := start(t)
+	const ttl = time.Second
+	ctx := testContext(t)
+	// The first call's answer is taken as lost: nothing keeps it alive.
+	first, err := c.Grant(ctx, "orders", client.WithTTL(ttl), client.WithRequestID("order-run-7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl / 2)
+	l := acquire(t, c, "orders", client.WithTTL(ttl), client.WithRequestID("order-run-7"))
+	if l.Token().Value != first.Token || l.ID() != first.ID {
+		t.Fatalf("the caller's retry got token %d, lease %v; want the first call's grant %d, %v", l.Token().Value, l.ID(), first.Token, first.ID)
+	}
+	checkValidity(t, c, l)
+}
+
+// TestWaitedAcquire: a queued grant comes after the acquire was sent, and
+// its deadline starts then, so the lease counts its validity from the send
+// time and needs no renewal before Acquire returns. Unless the wait took
+// more than a third of the TTL: then one renewal gives it a fresh start.
+func TestWaitedAcquire(t *testing.T) {
+	srv, c := start(t)
+	rc := &renewCounter{next: http.DefaultTransport.(*http.Transport).Clone()}
+	waiter := srv.Client(client.WithHTTPClient(&http.Client{Transport: rc}))
+	t.Cleanup(func() { waiter.Close() })
+	ctx := testContext(t)
+	const margin = time.Millisecond
+
+	for _, tc := range []struct {
+		name      string
+		ttl, hold time.Duration // the waiter's TTL; how long it waits
+		renewals  int64         // before Acquire returns
+	}{
+		{"short wait", time.Minute, 0, 0},
+		{"wait past a third of the TTL", 1500 * time.Millisecond, 600 * time.Millisecond, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holder := acquire(t, c, "orders", client.WithHolder("holder"))
+			ch := acquireAsync(t, ctx, waiter, "orders", "waiter", 1, client.WithTTL(tc.ttl), client.WithDriftMargin(margin))
+			time.Sleep(tc.hold)
+			rc.n.Store(0)
+			released := time.Now()
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			a := receive(t, ch)
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if n := rc.n.Load(); n != tc.renewals {
+				t.Errorf("%d renewals before Acquire returned, want %d", n, tc.renewals)
+			}
+			checkValidity(t, c, a.lease)
+			// Sent before the release, the acquire's validity ends before
+			// a full TTL from it; renewed, after.
+			if fromSend := !a.lease.ValidUntil().After(released.Add(tc.ttl - margin)); fromSend != (tc.renewals == 0) {
+				t.Errorf("validity until %v after the release, TTL %v: counted from the acquire's send time %v, want %v",
+					a.lease.ValidUntil().Sub(released), tc.ttl, fromSend, tc.renewals == 0)
+			}
+			if err := a.lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestLeaseLostWhenServiceUnreachable: a lease whose renewals cannot reach
 // the service reports itself lost once its local validity runs out.
 func TestLeaseLostWhenServiceUnreachable(t *testing.T) {

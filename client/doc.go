@@ -63,6 +63,13 @@
 // request, after it was sent, so the lease gives up its authority before
 // the service can expire it and grant the scope to someone else, as long as
 // the two clocks advance at rates that differ by less than the margin.
+// A grant that an earlier attempt may have obtained (an acquire retried
+// after a lost answer, or one that carries the request ID the caller chose
+// with [WithRequestID], which an earlier call may have used) started its
+// deadline before this send, so Acquire renews it once before returning, and
+// the lease counts from that renewal. So it does when a wait in line took
+// more than a third of the TTL; a shorter wait counts from the acquire's
+// send time, before the grant.
 //
 // The lease reports itself lost, once and for good, when the first of these
 // happens: its local validity runs out without a newer confirmed renewal

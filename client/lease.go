@@ -45,17 +45,22 @@ type Lease struct {
 // never takes two tokens.
 func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOption) (*Lease, error) {
 	a := c.acquireConfig(opts)
+	chosenID := a.requestID != ""
+	a = withRequestID(a)
 	info, sent, retried, err := c.grant(ctx, scope, a)
 	if err != nil {
 		return nil, err
 	}
-	if a.wait || retried {
-		// A queued grant happens long after the request was sent, and a
-		// retried acquire may get the grant of an earlier attempt, whose
-		// deadline started before the retry was sent: either way the
-		// grant's moment is one this process cannot see. One renewal
-		// gives the local validity a send time that is known to precede
-		// the service's deadline.
+	// The local validity counts from the send time, which must precede the
+	// service's deadline: the service starts it when it grants, a queued
+	// grant included, after the request was sent. Not so a grant that an
+	// earlier attempt obtained, whose deadline started before this send:
+	// a retry inside grant, or an earlier call with the request ID the
+	// caller chose. Then one renewal gives the validity a send time of its
+	// own. So does a wait in line that took more than a third of the TTL,
+	// so that a lease starts with at least the validity a keep-alive
+	// leaves it.
+	if retried || chosenID || time.Since(sent) > info.TTL/3 {
 		sent = time.Now()
 		if _, err := c.Renew(ctx, scope, info.ID); err != nil {
 			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -71,7 +76,7 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), validUntil: sent.Add(info.TTL - margin)}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.wg.Add(1)
-	go l.keepAlive()
+	go l.keepAlive(sent)
 	return l, nil
 }
 
@@ -152,10 +157,12 @@ func (l *Lease) lose(err error) {
 
 // keepAlive renews at a third of the TTL and ends the lease when the
 // service says it is lost or its local validity runs out.
-func (l *Lease) keepAlive() {
+// keepAlive renews the lease every third of its TTL, counted from start,
+// the send time its validity counts from.
+func (l *Lease) keepAlive(start time.Time) {
 	defer l.wg.Done()
 	every := l.info.TTL / 3
-	next := time.Now().Add(every)
+	next := start.Add(every)
 	for {
 		valid := l.ValidUntil()
 		wake := next

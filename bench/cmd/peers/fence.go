@@ -21,7 +21,8 @@ import (
 //     Release (durable) on the worker's own scope.
 //   - contended: the same on one scope with WithWait: the service queues
 //     the acquires first come, first served and hands the scope to the next
-//     in line on release; Acquire then renews once (see client.Acquire).
+//     in line on release (Acquire renews before it returns only if the
+//     wait took more than a third of the TTL; see client.Acquire).
 //   - renew: confirmed renewals of the given number of live leases, each
 //     worker renewing its share in turn, renewBatch leases per RenewBatch
 //     call; each lease's renewal is confirmed or refused on its own, and
