@@ -32,6 +32,28 @@ type heldResult struct {
 	Snapshot    int64         `json:"snapshot_bytes"`
 	Restore     time.Duration `json:"restore_ns"` // kill -9, restart, until it answers
 	RestoredRSS int64         `json:"restored_rss_bytes"`
+	// Where the memory is: once filled, once a snapshot covers every
+	// grant and fenced has been left alone a while, and after the restart.
+	Filled   memory `json:"filled"`
+	Settled  memory `json:"settled"`
+	Restored memory `json:"restored"`
+}
+
+// memory is a reading of a fenced process's memory. The resident set is
+// the anonymous pages (mostly Go's heap) and the file pages mapped in (the
+// Raft log's bbolt file); Heap is what the Go heap holds, live or not yet
+// collected, and Live what the last collection left.
+type memory struct {
+	RSS  int64 `json:"rss_bytes"`
+	Anon int64 `json:"rss_anon_bytes"`
+	File int64 `json:"rss_file_bytes"`
+	Heap int64 `json:"go_heap_alloc_bytes"`
+	Live int64 `json:"go_heap_live_bytes"`
+}
+
+func (m memory) String() string {
+	return fmt.Sprintf("RSS %s (anonymous %s, file %s; Go heap %s, %s live)",
+		mib(m.RSS), mib(m.Anon), mib(m.File), mib(m.Heap), mib(m.Live))
 }
 
 // expiryResult is how fenced expires many leases whose deadlines are the
@@ -77,6 +99,7 @@ func scaleMain(args []string) error {
 		}
 		fmt.Printf("%9d leases: RSS %s (restored: %s); grants %.0f/s while filling; acquire p50 %s p99 %s; snapshot %s; restore after kill -9 %s\n",
 			n, mib(r.RSS), mib(r.RestoredRSS), r.GrantRate, round(r.AcquireP50), round(r.AcquireP99), mib(r.Snapshot), round(r.Restore))
+		fmt.Printf("%9s filled:   %s\n%9s settled:  %s\n%9s restored: %s\n", "", r.Filled, "", r.Settled, "", r.Restored)
 		res.Held = append(res.Held, r)
 	}
 	if *expire > 0 {
@@ -169,7 +192,8 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	}
 	defer f.close()
 	r.GrantRate = float64(n) / f.took.Seconds()
-	r.RSS = rss(f.p)
+	r.Filled = f.memory()
+	r.RSS = r.Filled.RSS
 
 	// Further acquires, one at a time, as a program taking a lock would.
 	ctx := context.Background()
@@ -187,10 +211,13 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	if r.Snapshot, err = awaitSnapshot(filepath.Join(f.dir, "data", "snapshots"), uint64(n)); err != nil {
 		return r, err
 	}
+	time.Sleep(settle)
+	r.Settled = f.memory()
 	if r.Restore, err = f.restart(bin); err != nil {
 		return r, err
 	}
-	r.RestoredRSS = rss(f.p)
+	r.Restored = f.memory()
+	r.RestoredRSS = r.Restored.RSS
 	st, err := f.c.Get(ctx, fmt.Sprintf("scale/%07d", n-1))
 	if err != nil || st.Lease == nil {
 		return r, fmt.Errorf("after the restart, the last lease granted: %+v, %v; want it held", st, err)
@@ -278,19 +305,36 @@ func scrape(url string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-// rss returns a process's resident set size, 0 if unknown.
-func rss(p *proc) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+// settle is how long fenced is left alone before the settled reading: the
+// runtime forces a collection every two minutes, and returns the pages
+// freed by it to the system in the background.
+const settle = 150 * time.Second
+
+// memory reads fenced's memory: the process's from /proc, the Go heap's
+// from its metrics. A field it cannot read is 0.
+func (f *filled) memory() memory {
+	var m memory
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", f.p.cmd.Process.Pid)); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			name, v, _ := strings.Cut(line, ":")
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
+			switch name {
+			case "VmRSS":
+				m.RSS = kb << 10
+			case "RssAnon":
+				m.Anon = kb << 10
+			case "RssFile":
+				m.File = kb << 10
+			}
 		}
 	}
-	return 0
+	if s, err := scrape("http://" + f.addr + "/metrics"); err == nil {
+		m.Heap = int64(s["go_memstats_heap_alloc_bytes"])
+		// The collector aims the next collection at twice what the last
+		// left live (GOGC 100).
+		m.Live = int64(s["go_memstats_next_gc_bytes"] / 2)
+	}
+	return m
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
