@@ -79,11 +79,38 @@ func (n *Node) RaftAddr() string {
 }
 
 // VerifyLeader confirms, with a round trip to a quorum, that this node is
-// still the leader: no other node can have been elected before the quorum
-// answered. Reads and renewals call it so that a deposed leader that has
-// not noticed yet answers nothing on stale authority.
+// the leader, so that a deposed leader that has not noticed answers reads
+// with nothing staler than the moment the answers were sent. Raft counts
+// the answers to heartbeats sent before the call as well; renewals, which
+// need more, call ConfirmLeader.
 func (n *Node) VerifyLeader(ctx context.Context) error {
 	return n.wait(ctx, n.raft.VerifyLeader)
+}
+
+// ConfirmLeader confirms that this node still led at some moment after the
+// call: a renewal it then confirms counts from before that moment, and no
+// other leader can have taken office, and started every held lease's TTL
+// afresh, before it. In a cluster it commits an entry to a quorum's logs
+// (a Barrier), which only answers to appends sent after the call can do.
+// VerifyLeader is not enough: raft counts an answer to a heartbeat sent
+// before the call, and a leader paused with one in flight, deposed
+// meanwhile, would find it waiting when it wakes. The only voter has no
+// one to be deposed by, and verifies without writing.
+func (n *Node) ConfirmLeader(ctx context.Context) error {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return raftError(err)
+	}
+	voters := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	if voters <= 1 {
+		return n.VerifyLeader(ctx)
+	}
+	return n.wait(ctx, func() raft.Future { return n.raft.Barrier(timeout(ctx, 10*time.Second)) })
 }
 
 // AddVoter records id's API address in the replicated state, which refuses

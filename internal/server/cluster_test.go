@@ -3,8 +3,10 @@ package server_test
 import (
 	"errors"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
@@ -48,4 +50,66 @@ func TestAddNodeRefusesAnAbsentNode(t *testing.T) {
 		st, err := c.ClusterStatus(ctx)
 		return err == nil && len(st.Nodes) == 2
 	})
+}
+
+// TestRenewalCommitsInACluster: in a cluster a renewal is confirmed only
+// once an entry appended after it arrived has committed at a quorum, which
+// only answers to appends sent after it can do; Raft's VerifyLeader would
+// count an answer to a heartbeat sent before it, which a leader paused with
+// one in flight and deposed meanwhile finds waiting when it wakes (see
+// docs/safety.md). A node alone writes nothing for a renewal.
+func TestRenewalCommitsInACluster(t *testing.T) {
+	ctx := testContext(t)
+	leader := startNode(t, "n1")
+	await(ctx, t, "n1 leads", func() bool { return leader.Ready() })
+	c, err := client.New(leader.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastIndex := func() float64 {
+		v, ok := metricValue(scrape(t, leader.Addr()), "fence_raft_last_log_index")
+		if !ok {
+			t.Fatal("no fence_raft_last_log_index")
+		}
+		return v
+	}
+	renewals := map[string]func() error{
+		"Renew": func() error { _, err := c.Renew(ctx, "orders", l.ID); return err },
+		"RenewBatch": func() error {
+			rs, err := c.RenewBatch(ctx, []client.Renewal{{Scope: "orders", ID: l.ID}})
+			if err == nil {
+				err = rs[0].Err
+			}
+			return err
+		},
+	}
+	for name, renew := range renewals {
+		before := lastIndex()
+		if err := renew(); err != nil {
+			t.Fatalf("%s alone: %v", name, err)
+		}
+		if after := lastIndex(); after != before {
+			t.Errorf("%s on a node alone appended %v log entries, want none", name, after-before)
+		}
+	}
+
+	follower := startNode(t, "n2", leader.Addr())
+	await(ctx, t, "n2 follows", func() bool {
+		code, _ := get(t, follower.Addr(), "/readyz")
+		return code == http.StatusOK
+	})
+	for name, renew := range renewals {
+		before := lastIndex()
+		if err := renew(); err != nil {
+			t.Fatalf("%s in a cluster: %v", name, err)
+		}
+		if after := lastIndex(); after <= before {
+			t.Errorf("%s in a cluster was confirmed without appending to the log (last index %v before, %v after)", name, before, after)
+		}
+	}
 }

@@ -125,7 +125,7 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	}
 	// A deposed leader that has not noticed must not confirm: the new
 	// leader would count the TTL from its own start, not from this renewal.
-	if err := s.node.VerifyLeader(ctx); err != nil {
+	if err := s.node.ConfirmLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	s.confirmed(ctx, scope, r.Lease, ttl)
@@ -170,7 +170,7 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 		extended = extended || b.r.Outcome == fsm.Granted
 	}
 	if extended {
-		if err := s.node.VerifyLeader(ctx); err != nil {
+		if err := s.node.ConfirmLeader(ctx); err != nil {
 			return nil, wire.ToConnect(err)
 		}
 	}
@@ -188,7 +188,7 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 
 // extend moves a lease's deadline a full TTL ahead if id is the scope's
 // current lease and its expiry has not been decided; a lease found lost is
-// published as such. The caller confirms only after VerifyLeader.
+// published as such. The caller confirms only after ConfirmLeader.
 func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
 	r, ttl := s.deadlines.renew(scope, time.Now(), func() (r fsm.Result) {
 		s.node.Read(func(st *fsm.State) { r = st.Check(scope, id) })
@@ -237,8 +237,9 @@ func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetReques
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	// Linearizable: every grant acknowledged before this call was applied
-	// here, and no other leader has been elected since.
+	// Every grant acknowledged before this call was applied here, and no
+	// other leader had been elected when a quorum last answered this one
+	// (see raftnode's VerifyLeader for how long ago that can be).
 	if err := s.node.VerifyLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
