@@ -28,13 +28,24 @@
 // fenced by default; reads pass unchecked. The token is recorded as the
 // highest once the handler returns, whatever status it wrote: the service
 // cannot take back a side effect a handler already made.
+//
+// The handler's answer is held back until the fenced section has ended,
+// and sent only if the section succeeded: with a store that commits the
+// handler's writes together with the mark (boltguard, sqlguard), a commit
+// that fails after the handler answered gets a 500 problem instead, and the
+// handler's answer is dropped. So a fenced handler cannot stream or flush
+// (its ResponseWriter is no http.Flusher), and its whole answer is kept in
+// memory.
 package httpguard
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 
@@ -119,13 +130,20 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		writeProblem(w, Problem{Type: "about:blank", Title: "Bad fencing token", Status: http.StatusBadRequest, Detail: err.Error(), Scope: scope})
 		return
 	}
+	// The handler's answer waits until the fenced section has ended: a
+	// store that commits the handler's writes with the mark (boltguard,
+	// sqlguard) can still fail to commit after the handler wrote its
+	// status, and the client must not hear that a write succeeded that
+	// was rolled back.
+	ans := &answer{header: w.Header().Clone()}
 	err = m.g.Fence(r.Context(), scope, wr, func(ctx context.Context) error {
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(ans, r.WithContext(ctx))
 		return nil
 	})
 	var stale *guard.StaleError
 	switch {
 	case err == nil:
+		ans.send(w)
 	case errors.As(err, &stale):
 		writeProblem(w, Problem{
 			Type: ProblemType, Title: "Stale fencing token", Status: http.StatusConflict, Detail: stale.Error(),
@@ -173,4 +191,35 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
+}
+
+// answer is a handler's response held back: its header, status and body.
+type answer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (a *answer) Header() http.Header { return a.header }
+
+func (a *answer) WriteHeader(code int) {
+	if a.status == 0 {
+		a.status = code
+	}
+}
+
+func (a *answer) Write(p []byte) (int, error) {
+	a.WriteHeader(http.StatusOK)
+	return a.body.Write(p)
+}
+
+// send writes the answer to w, as the handler would have.
+func (a *answer) send(w http.ResponseWriter) {
+	h := w.Header()
+	clear(h)
+	maps.Copy(h, a.header)
+	w.WriteHeader(cmp.Or(a.status, http.StatusOK))
+	if a.body.Len() > 0 {
+		_, _ = w.Write(a.body.Bytes()) // the client went away: nothing to tell it
+	}
 }
