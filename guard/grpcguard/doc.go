@@ -59,6 +59,13 @@
 // it answered: the service cannot take back a side effect a handler
 // already made.
 //
+// With a store that commits the handler's writes together with the mark
+// (boltguard, sqlguard), a unary call's answer is sent only after that
+// commit, and a failed commit answers the call with its error instead. The
+// messages a fenced stream sends go out as it sends them, before the
+// commit: the stream's final status is what says whether its writes were
+// committed.
+//
 // The client marks its lease lost only for a stale answer naming its own
 // scope and token, so a server that passes on a downstream rejection of
 // another lease does not end this one.

@@ -152,13 +152,29 @@ func newServer(t testing.TB) (string, *register, *counter) {
 		grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, scopeOf)),
 	)
 	testgrpc.RegisterTestServiceServer(srv, reg)
+	return serve(t, srv), reg, obs
+}
+
+// serveUnary serves svc on loopback with g fencing its UnaryCall in the
+// scope "orders", and returns a client of it.
+func serveUnary(t testing.TB, g *guard.Guard, svc testgrpc.TestServiceServer) testgrpc.TestServiceClient {
+	t.Helper()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcguard.UnaryServerInterceptor(g, grpcguard.Methods("orders", unaryMethod))))
+	testgrpc.RegisterTestServiceServer(srv, svc)
+	return dial(t, serve(t, srv))
+}
+
+// serve serves srv on loopback until the test ends and returns its
+// address.
+func serve(t testing.TB, srv *grpc.Server) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	return lis.Addr().String(), reg, obs
+	return lis.Addr().String()
 }
 
 func dial(t testing.TB, addr string, opts ...grpc.DialOption) testgrpc.TestServiceClient {

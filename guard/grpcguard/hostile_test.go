@@ -3,7 +3,6 @@ package grpcguard_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 
@@ -30,13 +29,7 @@ func newStoreServer(t testing.TB) (string, *register, *guard.MemoryStore) {
 		grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, scopeOf)),
 	)
 	testgrpc.RegisterTestServiceServer(srv, reg)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	return lis.Addr().String(), reg, store
+	return serve(t, srv), reg, store
 }
 
 // TestHostileMetadata presents hostile fencing-token and fencing-sequence

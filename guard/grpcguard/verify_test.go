@@ -3,13 +3,10 @@ package grpcguard_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -29,15 +26,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 	store := guard.NewMemoryStore()
 	g := guard.New(store, guard.WithVerifier(signing.NewKeySet(key.Public())), guard.WithLogger(slog.New(slog.DiscardHandler)))
 	reg := &register{value: map[string]string{}, log: map[string][]uint64{}}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcguard.UnaryServerInterceptor(g, grpcguard.Methods("orders", unaryMethod))))
-	testgrpc.RegisterTestServiceServer(srv, reg)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	defer srv.Stop()
-	c := dial(t, lis.Addr().String())
+	c := serveUnary(t, g, reg)
 	write := func(tok fence.Token) error {
 		return put(metadata.AppendToOutgoingContext(context.Background(), grpcguard.TokenKey, tok.String()), c, "x")
 	}

@@ -1,19 +1,15 @@
 package httpguard_test
 
 import (
-	"database/sql"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	_ "modernc.org/sqlite"
-
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/httpguard"
+	"github.com/fence-dev/fence/guard/internal/ordersdb"
 	"github.com/fence-dev/fence/guard/sqlguard"
 )
 
@@ -24,28 +20,7 @@ import (
 // and the token is not recorded. A handler whose commit succeeds is
 // answered as it wrote.
 func TestFailedCommitIsNotAcknowledged(t *testing.T) {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "orders.db")+"?_txlock=immediate&_busy_timeout=10000&_pragma=foreign_keys(1)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	for _, q := range []string{
-		"CREATE TABLE customers (id TEXT PRIMARY KEY)",
-		"CREATE TABLE orders (id TEXT PRIMARY KEY, customer TEXT NOT NULL REFERENCES customers(id) DEFERRABLE INITIALLY DEFERRED)",
-		"INSERT INTO customers VALUES ('ada')",
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store, err := sqlguard.New(db, sqlguard.SQLite, sqlguard.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.CreateTable(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	db, store := ordersdb.Open(t)
 	order := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := sqlguard.TxFromContext(r.Context())
 		if _, err := tx.Exec("INSERT INTO orders VALUES (?, ?)", r.PathValue("id"), r.FormValue("customer")); err != nil {
@@ -81,9 +56,8 @@ func TestFailedCommitIsNotAcknowledged(t *testing.T) {
 	if !strings.Contains(body, "FOREIGN KEY") {
 		t.Errorf("the problem does not say why the commit failed: %q", body)
 	}
-	var n int
-	if err := db.QueryRow("SELECT count(*) FROM orders").Scan(&n); err != nil || n != 0 {
-		t.Fatalf("orders after the failed commit: %d, %v; want none", n, err)
+	if n := ordersdb.Count(t, db); n != 0 {
+		t.Fatalf("%d orders after the failed commit, want none", n)
 	}
 	if m, err := store.Highest(t.Context(), "orders"); err != nil || m.Token != 0 {
 		t.Fatalf("the mark after the failed commit: %+v, %v; want none recorded", m, err)
