@@ -255,14 +255,20 @@ func (s *State) acquire(c Command) Result {
 		if c.MaxWaiters > 0 && len(sc.waiters()) >= c.MaxWaiters {
 			return Result{Outcome: Held, Scope: c.Scope, Lease: *sc.lease, Err: ErrLineFull}
 		}
-		w := Waiter{ID: c.LeaseID, Holder: intern(c.Holder), TTL: c.TTL, RequestID: c.RequestID, Owner: intern(c.Owner)}
+		w := newWaiter(c)
 		m := sc.grow()
 		m.waiters = append(m.waiters, w)
 		return Result{Outcome: Queued, Scope: c.Scope, Lease: w.lease()}
 	}
 	var r Result
-	sc.grant(c.Scope, Waiter{ID: c.LeaseID, Holder: intern(c.Holder), TTL: c.TTL, RequestID: c.RequestID, Owner: intern(c.Owner)}, c.At, &r)
+	sc.grant(c.Scope, newWaiter(c), c.At, &r)
 	return r
+}
+
+// newWaiter is the acquire c as a waiter: the lease to grant, or the place
+// in line.
+func newWaiter(c Command) Waiter {
+	return Waiter{ID: c.LeaseID, Holder: intern(c.Holder), TTL: c.TTL, RequestID: c.RequestID, Owner: intern(c.Owner)}
 }
 
 // intern returns the one copy of s that every lease shares: holders and
