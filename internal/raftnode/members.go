@@ -3,6 +3,7 @@ package raftnode
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -110,7 +111,59 @@ func (n *Node) ConfirmLeader(ctx context.Context) error {
 	if voters <= 1 {
 		return n.VerifyLeader(ctx)
 	}
-	return n.wait(ctx, func() raft.Future { return n.raft.Barrier(timeout(ctx, 10*time.Second)) })
+	r := n.confirms.join(func() error {
+		return n.wait(context.Background(), func() raft.Future { return n.raft.Barrier(10 * time.Second) })
+	})
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %v", fence.ErrUnavailable, ctx.Err())
+	}
+}
+
+// rounds shares one Barrier among the confirmations that wait at once,
+// which would otherwise each write an entry of their own. A caller joins
+// the round after the one running, which starts only when that one ends,
+// so the Barrier that answers it is always issued after it came.
+type rounds struct {
+	mu      sync.Mutex
+	running bool
+	next    *round
+}
+
+type round struct {
+	done chan struct{} // closed when err is set
+	err  error
+}
+
+// join returns the round a caller waits for, starting it with run if no
+// round is running.
+func (rs *rounds) join(run func() error) *round {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.next == nil {
+		rs.next = &round{done: make(chan struct{})}
+	}
+	r := rs.next
+	if !rs.running {
+		rs.running, rs.next = true, nil
+		go rs.run(r, run)
+	}
+	return r
+}
+
+// run runs r, then each round that callers joined meanwhile, until none
+// did.
+func (rs *rounds) run(r *round, run func() error) {
+	for r != nil {
+		r.err = run()
+		close(r.done)
+		rs.mu.Lock()
+		r, rs.next = rs.next, nil
+		rs.running = r != nil
+		rs.mu.Unlock()
+	}
 }
 
 // AddVoter records id's API address in the replicated state, which refuses

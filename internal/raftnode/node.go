@@ -94,6 +94,8 @@ type Node struct {
 	// under a waiting call would leave that call waiting for ever.
 	calls  sync.RWMutex
 	closed bool // guarded by calls
+
+	confirms rounds // ConfirmLeader's Barriers
 }
 
 // ErrNoLeader reports a write or consistent read on a node that is not the
