@@ -566,7 +566,7 @@ func TestRetriedAcquire(t *testing.T) {
 // call's send time.
 func TestCallerRetriedAcquire(t *testing.T) {
 	_, c := start(t)
-	const ttl = time.Second
+	const ttl = 2 * time.Second
 	ctx := testContext(t)
 	// The first call's answer is taken as lost: nothing keeps it alive.
 	first, err := c.Grant(ctx, "orders", client.WithTTL(ttl), client.WithRequestID("order-run-7"))
