@@ -155,10 +155,9 @@ func (l *Lease) lose(err error) {
 	}
 }
 
-// keepAlive renews at a third of the TTL and ends the lease when the
-// service says it is lost or its local validity runs out.
 // keepAlive renews the lease every third of its TTL, counted from start,
-// the send time its validity counts from.
+// the send time its validity counts from, and ends the lease when the
+// service says it is lost or its local validity runs out.
 func (l *Lease) keepAlive(start time.Time) {
 	defer l.wg.Done()
 	every := l.info.TTL / 3
