@@ -3,7 +3,7 @@ package client
 import (
 	"context"
 	crand "crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -190,11 +190,15 @@ func (c *Client) acquireConfig(opts []AcquireOption) acquireConfig {
 }
 
 // withRequestID gives a a random request ID unless the caller chose one.
+// 96 random bits are plenty: an ID is only ever compared with the few
+// recent grants and waiters of one scope, by one holder. The service keeps
+// it with each held lease: 16 characters rather than the 32 of 128 bits in
+// hex are 16 MB fewer at a million leases.
 func withRequestID(a acquireConfig) acquireConfig {
 	if a.requestID == "" {
-		var b [16]byte
+		var b [12]byte
 		_, _ = crand.Read(b[:])
-		a.requestID = hex.EncodeToString(b[:])
+		a.requestID = base64.RawURLEncoding.EncodeToString(b[:])
 	}
 	return a
 }
