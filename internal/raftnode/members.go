@@ -111,9 +111,7 @@ func (n *Node) ConfirmLeader(ctx context.Context) error {
 	if voters <= 1 {
 		return n.VerifyLeader(ctx)
 	}
-	r := n.confirms.join(func() error {
-		return n.wait(context.Background(), func() raft.Future { return n.raft.Barrier(10 * time.Second) })
-	})
+	r := n.confirms.join()
 	select {
 	case <-r.done:
 		return r.err
@@ -122,11 +120,18 @@ func (n *Node) ConfirmLeader(ctx context.Context) error {
 	}
 }
 
+// confirmRound is one round of ConfirmLeader: a Barrier committed.
+func (n *Node) confirmRound() error {
+	return n.wait(context.Background(), func() raft.Future { return n.raft.Barrier(10 * time.Second) })
+}
+
 // rounds shares one Barrier among the confirmations that wait at once,
 // which would otherwise each write an entry of their own. A caller joins
 // the round after the one running, which starts only when that one ends,
 // so the Barrier that answers it is always issued after it came.
 type rounds struct {
+	run func() error // one round's work: a Barrier
+
 	mu      sync.Mutex
 	running bool
 	next    *round
@@ -137,9 +142,9 @@ type round struct {
 	err  error
 }
 
-// join returns the round a caller waits for, starting it with run if no
-// round is running.
-func (rs *rounds) join(run func() error) *round {
+// join returns the round a caller waits for, starting it if no round is
+// running.
+func (rs *rounds) join() *round {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.next == nil {
@@ -148,16 +153,16 @@ func (rs *rounds) join(run func() error) *round {
 	r := rs.next
 	if !rs.running {
 		rs.running, rs.next = true, nil
-		go rs.run(r, run)
+		go rs.runFrom(r)
 	}
 	return r
 }
 
-// run runs r, then each round that callers joined meanwhile, until none
-// did.
-func (rs *rounds) run(r *round, run func() error) {
+// runFrom runs r, then each round that callers joined meanwhile, until
+// none did.
+func (rs *rounds) runFrom(r *round) {
 	for r != nil {
-		r.err = run()
+		r.err = rs.run()
 		close(r.done)
 		rs.mu.Lock()
 		r, rs.next = rs.next, nil

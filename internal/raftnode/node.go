@@ -112,6 +112,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
 	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
+	n.confirms.run = n.confirmRound
 	logger := hclog.New(&hclog.LoggerOptions{
 		Name:        "raft",
 		Level:       hclog.Warn,

@@ -18,21 +18,20 @@ func (s startedAs) Error() string { return "round" }
 // wait at once share rounds.
 func TestRoundsStartAfterJoin(t *testing.T) {
 	var (
-		rs      rounds
 		started atomic.Int64
 		wg      sync.WaitGroup
 		calls   atomic.Int64
 	)
-	run := func() error {
+	rs := rounds{run: func() error {
 		n := started.Add(1)
 		time.Sleep(200 * time.Microsecond) // a Barrier's round trip
 		return startedAs(n)
-	}
+	}}
 	for range 64 {
 		wg.Go(func() {
 			for range 50 {
 				before := started.Load()
-				r := rs.join(run)
+				r := rs.join()
 				<-r.done
 				var n startedAs
 				if !errors.As(r.err, &n) || int64(n) <= before {
