@@ -24,14 +24,12 @@ const roleScale = "scale"
 
 // heldResult is what one fenced node holding n leases costs.
 type heldResult struct {
-	Leases      int           `json:"leases"`
-	GrantRate   float64       `json:"grants_per_s"` // while filling it, 64 clients
-	RSS         int64         `json:"rss_bytes"`    // once filled
-	AcquireP50  time.Duration `json:"acquire_p50_ns"`
-	AcquireP99  time.Duration `json:"acquire_p99_ns"`
-	Snapshot    int64         `json:"snapshot_bytes"`
-	Restore     time.Duration `json:"restore_ns"` // kill -9, restart, until it answers
-	RestoredRSS int64         `json:"restored_rss_bytes"`
+	Leases     int           `json:"leases"`
+	GrantRate  float64       `json:"grants_per_s"` // while filling it, 64 clients
+	AcquireP50 time.Duration `json:"acquire_p50_ns"`
+	AcquireP99 time.Duration `json:"acquire_p99_ns"`
+	Snapshot   int64         `json:"snapshot_bytes"`
+	Restore    time.Duration `json:"restore_ns"` // kill -9, restart, until it answers
 	// Where the memory is: once filled, once a snapshot covers every
 	// grant and fenced has been left alone a while, and after the restart.
 	Filled   memory `json:"filled"`
@@ -98,7 +96,7 @@ func scaleMain(args []string) error {
 			return fmt.Errorf("%d leases: %w", n, err)
 		}
 		fmt.Printf("%9d leases: RSS %s (restored: %s); grants %.0f/s while filling; acquire p50 %s p99 %s; snapshot %s; restore after kill -9 %s\n",
-			n, mib(r.RSS), mib(r.RestoredRSS), r.GrantRate, round(r.AcquireP50), round(r.AcquireP99), mib(r.Snapshot), round(r.Restore))
+			n, mib(r.Filled.RSS), mib(r.Restored.RSS), r.GrantRate, round(r.AcquireP50), round(r.AcquireP99), mib(r.Snapshot), round(r.Restore))
 		fmt.Printf("%9s filled:   %s\n%9s settled:  %s\n%9s restored: %s\n", "", r.Filled, "", r.Settled, "", r.Restored)
 		res.Held = append(res.Held, r)
 	}
@@ -193,7 +191,6 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	defer f.close()
 	r.GrantRate = float64(n) / f.took.Seconds()
 	r.Filled = f.memory()
-	r.RSS = r.Filled.RSS
 
 	// Further acquires, one at a time, as a program taking a lock would.
 	ctx := context.Background()
@@ -217,7 +214,6 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 		return r, err
 	}
 	r.Restored = f.memory()
-	r.RestoredRSS = r.Restored.RSS
 	st, err := f.c.Get(ctx, fmt.Sprintf("scale/%07d", n-1))
 	if err != nil || st.Lease == nil {
 		return r, fmt.Errorf("after the restart, the last lease granted: %+v, %v; want it held", st, err)
