@@ -24,5 +24,9 @@
 // with the same token are both accepted unless they carry sequence numbers
 // and the Guard is strict about them (WithStrictSequence).
 //
+// A Store may run apply more than once for one write, to commit
+// concurrent writes together (a Repeater, such as boltguard's Batched
+// store); only the last run's effects are kept.
+//
 // This package depends on the standard library and fence only.
 package guard

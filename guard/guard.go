@@ -78,6 +78,17 @@ type Store interface {
 	Fence(ctx context.Context, w Write, strict bool, apply func(ctx context.Context) error) error
 }
 
+// A Repeater is a Store whose Fence may call apply more than once for one
+// write; only the effects of the last call are kept. boltguard's batched
+// store is one: it commits concurrent writes in one transaction, and runs
+// them again when one of them fails. Adapters that run a step inside apply
+// that cannot simply run twice (httpguard reads a request body there) ask
+// Guard.Repeats and prepare for it.
+type Repeater interface {
+	Store
+	RepeatsApply() bool
+}
+
 // Guard checks writes against a Store for the scopes it protects. It is
 // safe for concurrent use.
 type Guard struct {
@@ -135,6 +146,13 @@ func New(store Store, opts ...Option) *Guard {
 		o.apply(g)
 	}
 	return g
+}
+
+// Repeats reports whether the guard's store may call apply more than once
+// for one write (see Repeater).
+func (g *Guard) Repeats() bool {
+	r, ok := g.store.(Repeater)
+	return ok && r.RepeatsApply()
 }
 
 // ErrWrongScope reports a token of one scope presented to a resource of

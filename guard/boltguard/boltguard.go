@@ -14,8 +14,10 @@
 //
 // bbolt has one writer at a time, so fenced writes to every scope of one
 // file are serialised, each Update with its own fsync. Many concurrent
-// writers should use UpdateBatch, which commits them together. The marks live in the bucket
-// named by Bucket; do not write to it.
+// writers should use UpdateBatch, which commits them together; behind
+// httpguard or grpcguard's unary interceptor, give the guard the Batched
+// store for the same effect. The marks live in the bucket named by Bucket;
+// do not write to it.
 package boltguard
 
 import (
@@ -191,6 +193,25 @@ func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply fun
 		return apply(context.WithValue(ctx, txKey{}, tx))
 	})
 }
+
+// Batched returns the Store as a guard.Store whose Fence commits
+// concurrent writes together, through UpdateBatch. Its apply may run more
+// than once, and only its last run's writes to the transaction are kept:
+// apply must change nothing but the transaction, and answer nothing until
+// Fence has returned. It is a guard.Repeater, so httpguard and grpcguard's
+// unary interceptor prepare their handlers for it; a gRPC stream cannot be
+// fenced over it.
+func (s *Store) Batched() guard.Store { return batched{s} }
+
+type batched struct{ s *Store }
+
+func (b batched) Fence(ctx context.Context, w guard.Write, strict bool, apply func(ctx context.Context) error) error {
+	return b.s.UpdateBatch(ctx, w.Token.Scope, w, strict, func(tx *bbolt.Tx) error {
+		return apply(context.WithValue(ctx, txKey{}, tx))
+	})
+}
+
+func (batched) RepeatsApply() bool { return true }
 
 type txKey struct{}
 

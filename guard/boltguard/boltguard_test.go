@@ -36,6 +36,40 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestBatchedConformance: the Batched store keeps the same rule as the
+// Store, and is a guard.Repeater.
+func TestBatchedConformance(t *testing.T) {
+	under := map[guard.Store]*boltguard.Store{}
+	paths := map[guard.Store]string{}
+	open := func(t *testing.T, path string) guard.Store {
+		s, err := boltguard.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		b := s.Batched()
+		under[b], paths[b] = s, path
+		return b
+	}
+	guardtest.Run(t, guardtest.Harness{
+		Open: func(t *testing.T) guard.Store { return open(t, filepath.Join(t.TempDir(), "g.db")) },
+		Reopen: func(t *testing.T, s guard.Store) guard.Store {
+			if err := under[s].Close(); err != nil {
+				t.Fatal(err)
+			}
+			return open(t, paths[s])
+		},
+	})
+	s, err := boltguard.Open(filepath.Join(t.TempDir(), "r.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !guard.New(s.Batched()).Repeats() || guard.New(s).Repeats() {
+		t.Error("want the Batched store, and only it, to say it repeats apply")
+	}
+}
+
 // TestDataAndMarkCommitTogether: a failed write rolls the mark back with
 // it, and an accepted write's data and mark survive a reopen together.
 func TestDataAndMarkCommitTogether(t *testing.T) {

@@ -63,7 +63,10 @@ func Methods(scope string, fullMethods ...string) ScopeFunc {
 
 // UnaryServerInterceptor returns an interceptor that runs the handlers of
 // the methods scope fences inside g's fenced section for their scope, if
-// the call's token is current. It is safe for concurrent use.
+// the call's token is current. It is safe for concurrent use. Over a store
+// that may run the handler more than once (a guard.Repeater), only the last
+// run's answer is returned, and a handler must have no effect outside the
+// store's transaction.
 func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	c := newConfig(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -84,8 +87,13 @@ func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grp
 // StreamServerInterceptor returns an interceptor that runs the handlers of
 // the streams scope fences, from their start to their end, inside g's
 // fenced section for their scope, if the stream's token is current. It is
-// safe for concurrent use.
+// safe for concurrent use. It panics if g's store may run a handler more
+// than once (a guard.Repeater, such as boltguard's Batched store): a
+// stream's messages cannot be received again.
 func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.StreamServerInterceptor {
+	if g.Repeats() {
+		panic("grpcguard: a stream cannot be fenced over a store that repeats apply (such as boltguard's Batched store); fence streams over a store that runs it once")
+	}
 	c := newConfig(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		s, ok := scope(ss.Context(), info.FullMethod)

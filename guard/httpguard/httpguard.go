@@ -36,6 +36,13 @@
 // handler's answer is dropped. So a fenced handler cannot stream or flush
 // (its ResponseWriter is no http.Flusher), and its whole answer is kept in
 // memory.
+//
+// A store that may run the handler more than once (a guard.Repeater, such
+// as boltguard's Batched store, which commits concurrent writes together)
+// keeps only the last run's writes, so only the last run's answer is sent,
+// and each run reads the request body from its start: what the handler
+// read of it is kept in memory until the request ends. Over such a store a
+// handler must have no effect outside the store's transaction.
 package httpguard
 
 import (
@@ -45,6 +52,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strconv"
@@ -135,9 +143,21 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// sqlguard) can still fail to commit after the handler wrote its
 	// status, and the client must not hear that a write succeeded that
 	// was rolled back.
-	ans := &answer{header: w.Header().Clone()}
+	var ans *answer
+	var body *replayBody
+	if m.g.Repeats() {
+		body = &replayBody{src: r.Body}
+	}
 	err = m.g.Fence(r.Context(), scope, wr, func(ctx context.Context) error {
-		next.ServeHTTP(ans, r.WithContext(ctx))
+		// A store that runs this again keeps only the last run's writes,
+		// so only the last run's answer counts.
+		ans = &answer{header: w.Header().Clone()}
+		req := r.WithContext(ctx)
+		if body != nil {
+			body.rewind()
+			req.Body = body
+		}
+		next.ServeHTTP(ans, req)
 		return nil
 	})
 	var stale *guard.StaleError
@@ -223,3 +243,35 @@ func (a *answer) send(w http.ResponseWriter) {
 		_, _ = w.Write(a.body.Bytes()) // the client went away: nothing to tell it
 	}
 }
+
+// replayBody is a request body that a handler can read again when its
+// store runs it again: what was read is kept, and a rewound body serves it
+// before reading on. Only what the handler read is kept.
+type replayBody struct {
+	src  io.ReadCloser
+	read []byte
+	pos  int
+	err  error // src's error, once it returned one
+}
+
+func (b *replayBody) Read(p []byte) (int, error) {
+	if b.pos < len(b.read) {
+		n := copy(p, b.read[b.pos:])
+		b.pos += n
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.src.Read(p)
+	b.read = append(b.read, p[:n]...)
+	b.pos += n
+	b.err = err
+	return n, err
+}
+
+// Close does nothing: the server closes the request's body after the
+// handler, and a run after this one may read it again.
+func (b *replayBody) Close() error { return nil }
+
+func (b *replayBody) rewind() { b.pos = 0 }
