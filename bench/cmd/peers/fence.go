@@ -29,7 +29,9 @@ import (
 //     one that is refused counts as an error.
 //   - guarded-write: each worker holds a lease on its own scope and POSTs
 //     to the guarded bbolt resource (httpguard over boltguard) with the
-//     lease's token; every write is one fsynced bbolt transaction.
+//     lease's token; every write is in an fsynced bbolt transaction, which
+//     concurrent writes share (boltguard's Batched store) or, for
+//     fence-solo, each write has to itself.
 //
 // renewBatch is how many renewals fence's renew workload sends per call.
 const renewBatch = 100

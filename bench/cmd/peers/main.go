@@ -17,9 +17,9 @@
 // The workloads are lock-cycle (1, 16 and 64 clients on scopes of their
 // own), contended (64 clients on one scope), renew (confirmed renewals of
 // 10,000 live leases) and guarded-write (64 clients writing with their
-// token: through httpguard over boltguard, through boltguard's group
-// commit (UpdateBatch), and with sqlguard's row token on PostgreSQL beside the plain
-// UPDATE; etcd's side is a Txn on the lock key's mod_revision). The doc
+// token: through httpguard over boltguard's Batched store, over its
+// Store committing each write alone (fence-solo), and with sqlguard's row
+// token on PostgreSQL beside the plain UPDATE; etcd's side is a Txn on the lock key's mod_revision). The doc
 // comments of fenceSetup, etcdSetup, redisSetup and postgresSetup say
 // exactly what each system does.
 //

@@ -131,7 +131,7 @@ func printReport(w io.Writer, rep report) {
 		if s.Workload != wlGuardedWrite {
 			continue
 		}
-		peer := map[string]string{sysFencePG: sysPlainPG, sysFenceGroup: sysEtcd}[s.System]
+		peer := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd}[s.System]
 		if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
 			fmt.Fprintf(w, "%s %d %s/%s=%.2f\n", s.Workload, s.Clients, s.System, peer, s.OpsPerSec/p.OpsPerSec)
 		}

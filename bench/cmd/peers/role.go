@@ -18,7 +18,6 @@ import (
 	"go.etcd.io/bbolt"
 	"go.etcd.io/etcd/server/v3/embed"
 
-	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
 	"github.com/fence-dev/fence/guard/httpguard"
@@ -81,16 +80,16 @@ func etcdMain(args []string) error {
 // resourceMain runs the guarded resource of the guarded-write workload: an
 // HTTP service keeping its data in a bbolt file (fsync on). POST
 // /write/SCOPE stores the body under SCOPE in the transaction that checks
-// and advances SCOPE's fencing mark: through httpguard over boltguard's
-// Update, or with -group-commit through boltguard's UpdateBatch, which
-// commits concurrent writes together.
+// and advances SCOPE's fencing mark, through httpguard over boltguard's
+// Batched store, which commits concurrent writes together; with -solo over
+// the Store itself, one commit per write.
 var dataBucket = []byte("data")
 
 func resourceMain(args []string) error {
 	fs := flag.NewFlagSet(roleResource, flag.ContinueOnError)
 	dir := fs.String("dir", "", "data directory")
 	listen := fs.String("listen", "127.0.0.1:0", "HTTP address")
-	group := fs.Bool("group-commit", false, "commit concurrent writes together (boltguard.Store.UpdateBatch)")
+	solo := fs.Bool("solo", false, "commit each write on its own (boltguard.Store instead of its Batched store)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,56 +104,32 @@ func resourceMain(args []string) error {
 	}); err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	if *group {
-		mux.HandleFunc("POST /write/{scope...}", func(w http.ResponseWriter, r *http.Request) {
-			tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			var stale *guard.StaleError
-			scope := r.PathValue("scope")
-			err = store.UpdateBatch(r.Context(), scope, guard.Write{Token: tok}, false, func(tx *bbolt.Tx) error {
-				return tx.Bucket(dataBucket).Put([]byte(scope), body)
-			})
-			switch {
-			case err == nil:
-				w.WriteHeader(http.StatusNoContent)
-			case errors.As(err, &stale):
-				http.Error(w, err.Error(), http.StatusConflict)
-			default:
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-			}
-		})
-	} else {
-		write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, ok := boltguard.TxFromContext(r.Context())
-			if !ok {
-				http.Error(w, "no transaction", http.StatusInternalServerError)
-				return
-			}
-			body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			if err := tx.Bucket(dataBucket).Put([]byte(r.PathValue("scope")), body); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			w.WriteHeader(http.StatusNoContent)
-		})
-		fenced := httpguard.Middleware(guard.New(store), "", httpguard.WithScopeFunc(func(r *http.Request) string {
-			return r.PathValue("scope")
-		}))
-		mux.Handle("POST /write/{scope...}", fenced(write))
+	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := boltguard.TxFromContext(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := tx.Bucket(dataBucket).Put([]byte(r.PathValue("scope")), body); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	g := guard.New(store.Batched())
+	if *solo {
+		g = guard.New(store)
 	}
+	fenced := httpguard.Middleware(g, "", httpguard.WithScopeFunc(func(r *http.Request) string {
+		return r.PathValue("scope")
+	}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /write/{scope...}", fenced(write))
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err

@@ -25,8 +25,9 @@ const (
 	wlGuardedWrite = "guarded-write"
 )
 
-// The systems. fence's guarded write goes through its bbolt guard; fence-pg
-// and pg-plain are the guarded and the plain write on PostgreSQL.
+// The systems. fence's guarded write goes through httpguard over its bbolt
+// guard, batched; fence-pg and pg-plain are the guarded and the plain write
+// on PostgreSQL.
 const (
 	sysFence        = "fence"
 	sysEtcd         = "etcd"
@@ -34,7 +35,7 @@ const (
 	sysRedisDefault = "redis-default"
 	sysFencePG      = "fence-pg"
 	sysPlainPG      = "pg-plain"
-	sysFenceGroup   = "fence-group" // the guarded bbolt write through boltguard.Store.UpdateBatch
+	sysFenceSolo    = "fence-solo" // the guarded bbolt write committed on its own, not batched
 )
 
 // cell is one workload at one concurrency, measured on each of its systems.
@@ -52,7 +53,7 @@ func allCells() []cell {
 		{wlLockCycle, 64, locks},
 		{wlContended, 64, locks},
 		{wlRenew, 64, []string{sysFence, sysEtcd}},
-		{wlGuardedWrite, 64, []string{sysFence, sysEtcd, sysFenceGroup, sysFencePG, sysPlainPG}},
+		{wlGuardedWrite, 64, []string{sysFence, sysEtcd, sysFenceSolo, sysFencePG, sysPlainPG}},
 	}
 }
 
@@ -119,7 +120,7 @@ func runMain(args []string) error {
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
 	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-group, fence-pg, pg-plain (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-solo, fence-pg, pg-plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -273,11 +274,11 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}
 	var p *proc
 	switch sys {
-	case sysFence, sysFencePG, sysFenceGroup:
+	case sysFence, sysFencePG, sysFenceSolo:
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
 		if err == nil && sys != sysFencePG && c.workload == wlGuardedWrite {
 			procs = append(procs, p)
-			p, a.addr.resource, err = startResource(sub("resource"), sys == sysFenceGroup)
+			p, a.addr.resource, err = startResource(sub("resource"), sys == sysFenceSolo)
 		}
 		if sys == sysFencePG {
 			a.addr.postgres = cfg.postgres

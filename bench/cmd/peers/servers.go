@@ -191,14 +191,14 @@ func startEtcd(dir string) (*proc, string, error) {
 	return p, caddr, err
 }
 
-// startResource runs the bbolt service fenced by httpguard and boltguard,
-// or with group, by boltguard.Store.UpdateBatch.
-func startResource(dir string, group bool) (*proc, string, error) {
+// startResource runs the bbolt service fenced by httpguard over boltguard's
+// Batched store, or with solo over the Store, one commit per write.
+func startResource(dir string, solo bool) (*proc, string, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, "", err
 	}
-	cmd, err := reexec(roleResource, "-dir", dir, "-listen", addr, fmt.Sprintf("-group-commit=%t", group))
+	cmd, err := reexec(roleResource, "-dir", dir, "-listen", addr, fmt.Sprintf("-solo=%t", solo))
 	if err != nil {
 		return nil, "", err
 	}
