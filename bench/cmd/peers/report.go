@@ -127,11 +127,10 @@ func printReport(w io.Writer, rep report) {
 		}
 	}
 	fmt.Fprintln(w)
+	// fence's variants, each beside its peer.
+	peers := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd, sysFenceWAL: sysEtcd}
 	for _, s := range sums {
-		if s.Workload != wlGuardedWrite {
-			continue
-		}
-		peer := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd}[s.System]
+		peer := peers[s.System]
 		if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
 			fmt.Fprintf(w, "%s %d %s/%s=%.2f\n", s.Workload, s.Clients, s.System, peer, s.OpsPerSec/p.OpsPerSec)
 		}
@@ -182,7 +181,7 @@ func plotLockCycle(sums []summary, path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var lines []any
 	lowest := 0.0
-	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault} {
+	for _, sys := range []string{sysFence, sysFenceWAL, sysEtcd, sysRedisAlways, sysRedisDefault} {
 		var xys plotter.XYs
 		for _, s := range sums {
 			if s.Workload == wlLockCycle && s.System == sys && s.OpsPerSec > 0 {
@@ -199,6 +198,8 @@ func plotLockCycle(sums []summary, path string) error {
 				label = "redis, appendfsync always"
 			case sysRedisDefault:
 				label = "redis, defaults (not durable)"
+			case sysFenceWAL:
+				label = "fence, --raft-log wal"
 			}
 			lines = append(lines, label, xys)
 		}
