@@ -1,8 +1,6 @@
 package httpguard_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +17,7 @@ import (
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
 	"github.com/fence-dev/fence/guard/httpguard"
+	"github.com/fence-dev/fence/guard/internal/rerun"
 )
 
 // TestBatchedStoreRunsHandlersAgain: over boltguard's Batched store, a
@@ -66,16 +65,8 @@ func TestBatchedStoreRunsHandlersAgain(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	ctx, cancel := context.WithCancel(t.Context())
-	var failers sync.WaitGroup
-	for range 4 {
-		failers.Go(func() {
-			for ctx.Err() == nil {
-				store.UpdateBatch(ctx, "failing", guard.Write{Token: fence.Token{Scope: "failing", Value: 1}}, false,
-					func(*bbolt.Tx) error { return errors.New("refused") })
-			}
-		})
-	}
+	stop := rerun.Force(store)
+	defer stop()
 	const writers, perWriter = 16, 60
 	var requests atomic.Int64
 	last := make([]string, writers)
@@ -104,8 +95,7 @@ func TestBatchedStoreRunsHandlersAgain(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	cancel()
-	failers.Wait()
+	stop()
 
 	if again := runs.Load() - requests.Load(); again <= 0 {
 		t.Fatalf("%d handler runs for %d requests: none ran again, so the test showed nothing", runs.Load(), requests.Load())
