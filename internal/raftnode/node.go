@@ -1,7 +1,6 @@
 // Package raftnode runs fence's state machine under hashicorp/raft: the FSM
 // adapter, the log and stable store (raft-boltdb, or raft-wal), the file
-// snapshot store,
-// and raft futures turned into context-aware calls.
+// snapshot store, and raft futures turned into context-aware calls.
 //
 // A single node is a one-voter cluster bootstrapped on first start; there is
 // one code path for one node and many. Without a Raft address the node talks
