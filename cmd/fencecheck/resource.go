@@ -260,6 +260,17 @@ func (b *boltBackend) apply(ctx context.Context, a application) (opResponse, err
 	return resp, err
 }
 
+// Fence commits concurrent requests together, through boltguard's Batched
+// store, as a service with many writers would: a crash of the resource
+// must lose a whole batch or none of it.
+func (b *boltBackend) Fence(ctx context.Context, w guard.Write, strict bool, apply func(context.Context) error) error {
+	return b.Batched().Fence(ctx, w, strict, apply)
+}
+
+// RepeatsApply makes the boltBackend a guard.Repeater, as its Batched store
+// is, so httpguard prepares the handler to run again.
+func (b *boltBackend) RepeatsApply() bool { return true }
+
 func (b *boltBackend) value(_ context.Context, scope string) (string, error) {
 	var v string
 	err := b.DB().View(func(tx *bbolt.Tx) error {
