@@ -1,6 +1,6 @@
 // Package raftnode runs fence's state machine under hashicorp/raft: the FSM
-// adapter, the log and stable store (raft-boltdb, or raft-wal), the file
-// snapshot store, and raft futures turned into context-aware calls.
+// adapter, the raft-boltdb log and stable stores, the file snapshot store,
+// and raft futures turned into context-aware calls.
 //
 // A single node is a one-voter cluster bootstrapped on first start; there is
 // one code path for one node and many. Without a Raft address the node talks
@@ -18,11 +18,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
@@ -32,12 +34,8 @@ import (
 type Config struct {
 	// NodeID names this node in the Raft configuration.
 	NodeID string
-	// DataDir holds the log and stable store (raft.db, or wal/) and the
-	// snapshots.
+	// DataDir holds raft.db (log and stable store) and snapshots/.
 	DataDir string
-	// LogStore is LogBolt (the default when empty) or LogWAL. A data
-	// directory keeps the kind it was made with.
-	LogStore string
 	// RaftListen is the TCP address the Raft transport binds. Empty means a
 	// node that is and stays a cluster of one.
 	RaftListen string
@@ -79,7 +77,7 @@ type Config struct {
 type Node struct {
 	cfg    Config
 	raft   *raft.Raft
-	store  logStore
+	store  *raftboltdb.BoltStore
 	snaps  raft.SnapshotStore
 	trans  io.Closer
 	layer  *tcpLayer // nil without a Raft listener
@@ -122,9 +120,9 @@ func Open(cfg Config) (*Node, error) {
 		DisableTime: true,
 	})
 
-	store, err := openLog(cfg.DataDir, cmp.Or(cfg.LogStore, LogBolt))
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(cfg.DataDir, "raft.db"), err)
 	}
 	n.store = store
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, logger)

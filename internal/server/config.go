@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"time"
-
-	"github.com/fence-dev/fence/internal/raftnode"
 )
 
 // Config configures a fenced server.
@@ -34,9 +32,6 @@ type Config struct {
 	// ElectionTimeout is how long followers wait for the leader before an
 	// election; zero means 500ms.
 	ElectionTimeout time.Duration
-	// RaftLog is the log store: raftnode.LogBolt (also when empty) or
-	// raftnode.LogWAL. A data directory keeps the kind it was made with.
-	RaftLog string
 	// SnapshotThreshold is how many log entries trigger a snapshot, checked
 	// every SnapshotInterval; zero means Raft's defaults (8192, 120s).
 	SnapshotThreshold uint64
@@ -101,9 +96,6 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
-	}
-	if c.RaftLog != "" && c.RaftLog != raftnode.LogBolt && c.RaftLog != raftnode.LogWAL {
-		return fmt.Errorf("raft log %q: want %s or %s", c.RaftLog, raftnode.LogBolt, raftnode.LogWAL)
 	}
 	if c.MaxWaiters < 0 {
 		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)

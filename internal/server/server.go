@@ -107,7 +107,6 @@ func Start(cfg Config) (*Server, error) {
 		TLS:               raftTLS,
 		NodeID:            cfg.NodeID,
 		DataDir:           cfg.DataDir,
-		LogStore:          cfg.RaftLog,
 		RaftListen:        cfg.RaftListen,
 		RaftAdvertise:     cfg.RaftAdvertise,
 		Bootstrap:         cfg.Bootstrap,

@@ -112,7 +112,7 @@ const setupBound = 90 * time.Second
 // that releases what setup took.
 func setup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	switch a.system {
-	case sysFence, sysFenceSolo, sysFenceWAL:
+	case sysFence, sysFenceSolo:
 		return fenceSetup(ctx, a)
 	case sysEtcd:
 		return etcdSetup(ctx, a)

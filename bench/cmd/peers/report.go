@@ -128,7 +128,7 @@ func printReport(w io.Writer, rep report) {
 	}
 	fmt.Fprintln(w)
 	// fence's variants, each beside its peer.
-	peers := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd, sysFenceWAL: sysEtcd}
+	peers := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd}
 	for _, s := range sums {
 		peer := peers[s.System]
 		if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
@@ -181,7 +181,7 @@ func plotLockCycle(sums []summary, path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var lines []any
 	lowest := 0.0
-	for _, sys := range []string{sysFence, sysFenceWAL, sysEtcd, sysRedisAlways, sysRedisDefault} {
+	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault} {
 		var xys plotter.XYs
 		for _, s := range sums {
 			if s.Workload == wlLockCycle && s.System == sys && s.OpsPerSec > 0 {
@@ -198,8 +198,6 @@ func plotLockCycle(sums []summary, path string) error {
 				label = "redis, appendfsync always"
 			case sysRedisDefault:
 				label = "redis, defaults (not durable)"
-			case sysFenceWAL:
-				label = "fence, --raft-log wal"
 			}
 			lines = append(lines, label, xys)
 		}

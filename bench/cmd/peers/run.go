@@ -36,7 +36,6 @@ const (
 	sysFencePG      = "fence-pg"
 	sysPlainPG      = "pg-plain"
 	sysFenceSolo    = "fence-solo" // the guarded bbolt write committed on its own, not batched
-	sysFenceWAL     = "fence-wal"  // fenced with --raft-log wal
 )
 
 // cell is one workload at one concurrency, measured on each of its systems.
@@ -47,7 +46,7 @@ type cell struct {
 }
 
 func allCells() []cell {
-	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceWAL}
+	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault}
 	return []cell{
 		{wlLockCycle, 1, locks},
 		{wlLockCycle, 16, locks},
@@ -121,7 +120,7 @@ func runMain(args []string) error {
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
 	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-solo, fence-pg, pg-plain, fence-wal (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-solo, fence-pg, pg-plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -275,8 +274,6 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}
 	var p *proc
 	switch sys {
-	case sysFenceWAL:
-		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", "--raft-log", "wal")
 	case sysFence, sysFencePG, sysFenceSolo:
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
 		if err == nil && sys != sysFencePG && c.workload == wlGuardedWrite {
