@@ -19,9 +19,9 @@
 // 10,000 live leases) and guarded-write (64 clients writing with their
 // token: through httpguard over boltguard's Batched store, over its
 // Store committing each write alone (fence-solo), and with sqlguard's row
-// token on PostgreSQL beside the plain UPDATE; etcd's side is a Txn on the lock key's mod_revision). The doc
-// comments of fenceSetup, etcdSetup, redisSetup and postgresSetup say
-// exactly what each system does.
+// token on PostgreSQL beside the plain UPDATE; etcd's side is a Txn on the
+// lock key's mod_revision). The doc comments of fenceSetup, etcdSetup,
+// redisSetup and postgresSetup say exactly what each system does.
 //
 // Each cell (workload, concurrency, system) gets fresh servers with empty
 // data directories, is bounded by BENCH_TIME (default 10s) and by -max-ops
