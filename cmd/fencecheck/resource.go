@@ -64,11 +64,12 @@ type application struct {
 	token, seq              uint64
 }
 
-// backend is a register store that is also the guard's store: apply runs
-// inside the transaction of the Fence call whose apply received ctx, if
-// any, so the register, its log and the mark commit together.
+// backend is a register store beside the guard's store: apply runs inside
+// the transaction of the Fence call whose apply received ctx, if any, so
+// the register, its log and the mark commit together.
 type backend interface {
-	guard.Store
+	// fences is the guard's store, on the register's database.
+	fences() guard.Store
 	apply(ctx context.Context, a application) (opResponse, error)
 	value(ctx context.Context, scope string) (string, error)
 	log(ctx context.Context) ([]history.Event, error)
@@ -113,7 +114,7 @@ func resourceCmd(args []string) error {
 	for name, b := range backends {
 		var h http.Handler = opHandler(b, !*noFence)
 		if !*noFence {
-			g := guard.New(b, guard.WithStrictSequence(), guard.WithLogger(log))
+			g := guard.New(b.fences(), guard.WithStrictSequence(), guard.WithLogger(log))
 			h = httpguard.Middleware(g, "", httpguard.WithAllMethods(), httpguard.WithScopeFunc(scopeOf))(h)
 		}
 		mux.Handle("POST /op/"+name+"/", h)
@@ -260,16 +261,10 @@ func (b *boltBackend) apply(ctx context.Context, a application) (opResponse, err
 	return resp, err
 }
 
-// Fence commits concurrent requests together, through boltguard's Batched
-// store, as a service with many writers would: a crash of the resource
+// fences is boltguard's Batched store, which commits concurrent requests
+// together, as a service with many writers would: a crash of the resource
 // must lose a whole batch or none of it.
-func (b *boltBackend) Fence(ctx context.Context, w guard.Write, strict bool, apply func(context.Context) error) error {
-	return b.Batched().Fence(ctx, w, strict, apply)
-}
-
-// RepeatsApply makes the boltBackend a guard.Repeater, as its Batched store
-// is, so httpguard prepares the handler to run again.
-func (b *boltBackend) RepeatsApply() bool { return true }
+func (b *boltBackend) fences() guard.Store { return b.Batched() }
 
 func (b *boltBackend) value(_ context.Context, scope string) (string, error) {
 	var v string
@@ -391,6 +386,8 @@ func (b *pgBackend) log(ctx context.Context) ([]history.Event, error) {
 	}
 	return evs, rows.Err()
 }
+
+func (b *pgBackend) fences() guard.Store { return b.Store }
 
 func (b *pgBackend) close() error {
 	b.Store.Close()
