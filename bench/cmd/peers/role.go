@@ -121,11 +121,11 @@ func resourceMain(args []string) error {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	g := guard.New(store.Batched())
+	fences := store.Batched()
 	if *solo {
-		g = guard.New(store)
+		fences = store
 	}
-	fenced := httpguard.Middleware(g, "", httpguard.WithScopeFunc(func(r *http.Request) string {
+	fenced := httpguard.Middleware(guard.New(fences), "", httpguard.WithScopeFunc(func(r *http.Request) string {
 		return r.PathValue("scope")
 	}))
 	mux := http.NewServeMux()
