@@ -103,6 +103,7 @@ func WithAllMethods() Option { return optionFunc(func(m *middleware) { m.all = t
 
 type middleware struct {
 	g       *guard.Guard
+	repeats bool // g's store may run a handler more than once
 	header  string
 	scopeOf func(*http.Request) string
 	all     bool
@@ -110,7 +111,7 @@ type middleware struct {
 
 // Middleware returns a middleware that fences requests to scope with g.
 func Middleware(g *guard.Guard, scope string, opts ...Option) func(http.Handler) http.Handler {
-	m := &middleware{g: g, header: TokenHeader, scopeOf: func(*http.Request) string { return scope }}
+	m := &middleware{g: g, repeats: g.Repeats(), header: TokenHeader, scopeOf: func(*http.Request) string { return scope }}
 	for _, o := range opts {
 		o.apply(m)
 	}
@@ -145,7 +146,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// was rolled back.
 	var ans *answer
 	var body *replayBody
-	if m.g.Repeats() {
+	if m.repeats {
 		body = &replayBody{src: r.Body}
 	}
 	err = m.g.Fence(r.Context(), scope, wr, func(ctx context.Context) error {
