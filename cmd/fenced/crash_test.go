@@ -26,8 +26,14 @@ type ack struct {
 // acquire and release, restarting it on the same data dir each time. It
 // checks invariants 1 and 4: tokens acknowledged before a crash are lower
 // than every token granted after it, no token is issued twice for a scope,
-// and no acknowledged grant is forgotten.
+// and no acknowledged grant is forgotten. It runs on each Raft log store.
 func TestCrashRestart(t *testing.T) {
+	for _, log := range []string{"bolt", "wal"} {
+		t.Run(log, func(t *testing.T) { crashRestart(t, "--raft-log", log) })
+	}
+}
+
+func crashRestart(t *testing.T, args ...string) {
 	const (
 		clients = 16
 		scopes  = 4
@@ -37,7 +43,7 @@ func TestCrashRestart(t *testing.T) {
 		crashes = 100 // make test-long
 	}
 	dir, addr := t.TempDir(), freeAddr(t)
-	p := startFenced(t, dir, addr)
+	p := startFenced(t, dir, addr, args...)
 
 	var (
 		epoch atomic.Int64
@@ -119,7 +125,7 @@ func TestCrashRestart(t *testing.T) {
 		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		p.kill(t)
 		epoch.Add(1)
-		p = startFenced(t, dir, addr)
+		p = startFenced(t, dir, addr, args...)
 		for scope, want := range kept {
 			st, err := admin.Get(context.Background(), scope)
 			if err != nil {

@@ -39,6 +39,7 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"--log-level", "loud"}, want: "want debug, info, warn or error"},
 		{args: []string{"--max-ttl", "10ms"}, want: "max TTL"},
 		{args: []string{"--listen", "nohost"}, want: "listen address"},
+		{args: []string{"--raft-log", "lmdb"}, want: "want bolt or wal"},
 		{args: []string{"extra"}, want: "unexpected argument"},
 		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
 	} {

@@ -1,6 +1,6 @@
 // Package raftnode runs fence's state machine under hashicorp/raft: the FSM
-// adapter, the raft-boltdb log and stable stores, the file snapshot store,
-// and raft futures turned into context-aware calls.
+// adapter, the log and stable store (raft-boltdb, or raft-wal), the file
+// snapshot store, and raft futures turned into context-aware calls.
 //
 // A single node is a one-voter cluster bootstrapped on first start; there is
 // one code path for one node and many. Without a Raft address the node talks
@@ -18,13 +18,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
@@ -34,8 +32,13 @@ import (
 type Config struct {
 	// NodeID names this node in the Raft configuration.
 	NodeID string
-	// DataDir holds raft.db (log and stable store) and snapshots/.
+	// DataDir holds the log and stable store (raft.db, or wal/) and the
+	// snapshots.
 	DataDir string
+	// LogStore is LogWAL or LogBolt. Empty keeps the kind the data
+	// directory holds, and makes a LogWAL in a new one; a data directory
+	// never changes kind.
+	LogStore string
 	// RaftListen is the TCP address the Raft transport binds. Empty means a
 	// node that is and stays a cluster of one.
 	RaftListen string
@@ -75,15 +78,17 @@ type Config struct {
 // Node is one member of the lease state's Raft cluster. Its methods are safe
 // for concurrent use.
 type Node struct {
-	cfg    Config
-	raft   *raft.Raft
-	store  *raftboltdb.BoltStore
-	snaps  raft.SnapshotStore
-	trans  io.Closer
-	layer  *tcpLayer // nil without a Raft listener
-	notify chan bool
-	done   chan struct{}
-	wg     sync.WaitGroup
+	cfg   Config
+	raft  *raft.Raft
+	store logStore
+	// logKind is LogWAL or LogBolt, the store's kind.
+	logKind string
+	snaps   raft.SnapshotStore
+	trans   io.Closer
+	layer   *tcpLayer // nil without a Raft listener
+	notify  chan bool
+	done    chan struct{}
+	wg      sync.WaitGroup
 
 	mu    sync.RWMutex // guards state
 	state *fsm.State
@@ -120,11 +125,11 @@ func Open(cfg Config) (*Node, error) {
 		DisableTime: true,
 	})
 
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+	store, kind, err := openLog(cfg.DataDir, cfg.LogStore)
 	if err != nil {
-		return nil, fmt.Errorf("open raft log %s: %w", filepath.Join(cfg.DataDir, "raft.db"), err)
+		return nil, err
 	}
-	n.store = store
+	n.store, n.logKind = store, kind
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, logger)
 	if err != nil {
 		store.Close()
@@ -284,6 +289,10 @@ func (n *Node) Snapshot() error {
 	defer n.calls.RUnlock()
 	return n.raft.Snapshot().Error()
 }
+
+// LogStore says which log store the node keeps its Raft log in: LogWAL or
+// LogBolt. It is safe for concurrent use.
+func (n *Node) LogStore() string { return n.logKind }
 
 // Close stops Raft and closes the stores, once the operations under way
 // have answered. Raft answers each soon: a leader that cannot reach a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,9 +21,12 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // open starts a node on dir and waits until it is leader and caught up.
-func open(t *testing.T, dir string) *Node {
+func open(t *testing.T, dir string) *Node { return openLogged(t, dir, "") }
+
+// openLogged is open on the given log store.
+func openLogged(t *testing.T, dir, logStore string) *Node {
 	t.Helper()
-	n, err := Open(Config{NodeID: "n1", DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	n, err := Open(Config{NodeID: "n1", DataDir: dir, LogStore: logStore, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,9 +56,17 @@ func acquire(t *testing.T, n *Node, scope string) fsm.Result {
 
 // TestReopenKeepsCounters reopens a node from its log alone, and from a
 // snapshot plus the log after it: the counters continue, tokens never go
-// back (invariants 1 and 4 across a restart and a snapshot restore).
+// back (invariants 1 and 4 across a restart and a snapshot restore). It
+// runs on each log store.
 func TestReopenKeepsCounters(t *testing.T) {
+	for _, log := range []string{LogBolt, LogWAL} {
+		t.Run(log, func(t *testing.T) { reopenKeepsCounters(t, log) })
+	}
+}
+
+func reopenKeepsCounters(t *testing.T, logStore string) {
 	dir := t.TempDir()
+	open := func(t *testing.T, dir string) *Node { return openLogged(t, dir, logStore) }
 	n := open(t, dir)
 	var last uint64
 	for i := range 5 {
@@ -164,5 +176,70 @@ func TestCloseUnderLoad(t *testing.T) {
 		if _, err := n.Apply(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "late", LeaseID: fence.NewLeaseID(), TTL: time.Minute}); !errors.Is(err, fence.ErrUnavailable) {
 			t.Fatalf("Apply after Close: %v; want unavailable", err)
 		}
+	}
+}
+
+// TestLogStoreKeepsItsKind: a data directory made with one log store is
+// refused by the other, which would start on an empty log and issue its
+// tokens again, and still opens, with its counters, on its own.
+func TestLogStoreKeepsItsKind(t *testing.T) {
+	for _, kinds := range [][2]string{{LogBolt, LogWAL}, {LogWAL, LogBolt}} {
+		made, other := kinds[0], kinds[1]
+		t.Run(made, func(t *testing.T) {
+			dir := t.TempDir()
+			n := openLogged(t, dir, made)
+			acquire(t, n, "a")
+			if err := n.Close(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(Config{NodeID: "n1", DataDir: dir, LogStore: other, Logger: slog.New(slog.DiscardHandler)})
+			if err == nil || !strings.Contains(err.Error(), "another kind") {
+				t.Fatalf("a %s directory opened as %s: %v; want it refused", made, other, err)
+			}
+			n = openLogged(t, dir, made)
+			defer n.Close()
+			var a fsm.ScopeInfo
+			n.Read(func(st *fsm.State) { a = st.Get("a") })
+			if a.Last != 1 || a.Lease == nil {
+				t.Fatalf("a after the refused open: %+v, want token 1 held", a)
+			}
+		})
+	}
+	if _, err := Open(Config{NodeID: "n1", DataDir: t.TempDir(), LogStore: "lmdb"}); err == nil || !strings.Contains(err.Error(), `want "bolt" or "wal"`) {
+		t.Fatalf("an unknown log store: %v", err)
+	}
+}
+
+// TestLogStoreFollowsTheDataDir: with no kind asked for, a new data
+// directory gets raft-wal, and one made by an earlier fenced (raft.db)
+// keeps raft-boltdb with its counters.
+func TestLogStoreFollowsTheDataDir(t *testing.T) {
+	for _, made := range []string{LogBolt, LogWAL} {
+		t.Run(made, func(t *testing.T) {
+			dir := t.TempDir()
+			n := openLogged(t, dir, made)
+			acquire(t, n, "a")
+			if err := n.Close(); err != nil {
+				t.Fatal(err)
+			}
+			n = openLogged(t, dir, "")
+			defer n.Close()
+			if got := n.LogStore(); got != made {
+				t.Fatalf("a %s directory reopened with no kind asked for uses %s", made, got)
+			}
+			if r := acquire(t, n, "b"); r.Lease.Token != 1 {
+				t.Fatalf("b: token %d, want 1", r.Lease.Token)
+			}
+			var a fsm.ScopeInfo
+			n.Read(func(st *fsm.State) { a = st.Get("a") })
+			if a.Last != 1 || a.Lease == nil {
+				t.Fatalf("a after the reopen: %+v, want token 1 held", a)
+			}
+		})
+	}
+	n := openLogged(t, t.TempDir(), "")
+	defer n.Close()
+	if got := n.LogStore(); got != LogWAL {
+		t.Fatalf("a new data directory uses %s, want %s", got, LogWAL)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/fence-dev/fence/internal/raftnode"
 )
 
 // Config configures a fenced server.
@@ -32,6 +34,10 @@ type Config struct {
 	// ElectionTimeout is how long followers wait for the leader before an
 	// election; zero means 500ms.
 	ElectionTimeout time.Duration
+	// RaftLog is the log store: raftnode.LogWAL or raftnode.LogBolt. Empty
+	// keeps the one the data directory holds, and makes raft-wal in a new
+	// one. A data directory keeps the kind it was made with.
+	RaftLog string
 	// SnapshotThreshold is how many log entries trigger a snapshot, checked
 	// every SnapshotInterval; zero means Raft's defaults (8192, 120s).
 	SnapshotThreshold uint64
@@ -96,6 +102,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
+	}
+	if c.RaftLog != "" && c.RaftLog != raftnode.LogBolt && c.RaftLog != raftnode.LogWAL {
+		return fmt.Errorf("raft log %q: want %s or %s, or empty to keep the data directory's", c.RaftLog, raftnode.LogBolt, raftnode.LogWAL)
 	}
 	if c.MaxWaiters < 0 {
 		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)

@@ -107,6 +107,7 @@ func Start(cfg Config) (*Server, error) {
 		TLS:               raftTLS,
 		NodeID:            cfg.NodeID,
 		DataDir:           cfg.DataDir,
+		LogStore:          cfg.RaftLog,
 		RaftListen:        cfg.RaftListen,
 		RaftAdvertise:     cfg.RaftAdvertise,
 		Bootstrap:         cfg.Bootstrap,
@@ -183,7 +184,7 @@ func Start(cfg Config) (*Server, error) {
 			s.join(ctx)
 		}()
 	}
-	s.log.Info("fenced started", "listen", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID)
+	s.log.Info("fenced started", "listen", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir, "raft_log", node.LogStore(), "node_id", cfg.NodeID)
 	return s, nil
 }
 
