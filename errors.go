@@ -44,6 +44,10 @@ var (
 	// keeps a bounded number of recent events, and a new leader starts
 	// afresh). Read the current state again and watch from now.
 	ErrMissedEvents = errors.New("watch missed events")
+
+	// ErrClosed reports a call that needs a client already closed, such
+	// as an acquire after Close: the client no longer keeps leases alive.
+	ErrClosed = errors.New("client is closed")
 )
 
 // InvalidError describes a request field that was rejected. It unwraps to

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,10 @@ type Client struct {
 	http  *http.Client
 	cfg   config
 	renew renewer // the leases' keep-alives
+
+	mu     sync.Mutex
+	leases map[*Lease]struct{} // kept alive now; Close ends them
+	closed bool
 }
 
 // node is one address the client may call, with its service clients.
@@ -166,11 +171,82 @@ func defaultHolder() string {
 	return h
 }
 
-// Close releases idle connections. Leases already acquired keep working
-// until released.
+// closeTimeout bounds how long Close spends releasing leases: a service
+// that does not answer within it lets them expire on their TTL instead.
+const closeTimeout = 2 * time.Second
+
+// Close ends every Lease the client keeps alive and releases them, then
+// closes idle connections. The leases report themselves lost at once
+// (Done closes, Err says the client was closed): once Close has started,
+// nothing renews them, so their holders must stop acting on them. The
+// releases are best effort, all at once and bounded by two seconds in all:
+// a lease whose release fails holds its scope at the service until its
+// TTL runs out, and the error, joining each failure, says which. Close
+// does not release leases already lost, nor leases from Grant, which
+// the client does not keep alive.
+//
+// After Close, Acquire fails with fence.ErrClosed; other calls still
+// work. Calling Close again does nothing. Close is safe for concurrent use.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	leases := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		leases = append(leases, l)
+	}
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	errs := make([]error, len(leases))
+	var wg sync.WaitGroup
+	for i, l := range leases {
+		wg.Go(func() {
+			// Held until now: not lost, so nobody else can hold it yet
+			// and releasing it frees the scope for the next holder.
+			if !l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "its client was closed"}) {
+				return // lost or released meanwhile
+			}
+			l.wg.Wait()
+			if _, err := c.Release(ctx, l.info.Scope, l.info.ID); err != nil {
+				errs[i] = fmt.Errorf("close: %w (it expires after its TTL of %v)", err, l.info.TTL)
+			}
+		})
+	}
+	wg.Wait()
 	c.http.CloseIdleConnections()
+	return errors.Join(errs...)
+}
+
+// keep records l as kept alive, so Close can end it; it refuses once the
+// client is closed.
+func (c *Client) keep(l *Lease) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fence.ErrClosed
+	}
+	if c.leases == nil {
+		c.leases = make(map[*Lease]struct{})
+	}
+	c.leases[l] = struct{}{}
 	return nil
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *Client) forget(l *Lease) {
+	c.mu.Lock()
+	delete(c.leases, l)
+	c.mu.Unlock()
 }
 
 // Grant acquires a lease once, without keeping it alive: the caller must

@@ -1069,3 +1069,70 @@ func TestNewRejectsBadAddresses(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestCloseEndsLeases: Close stops every lease the client keeps alive and
+// releases it. Each lease reports itself lost at once, the service shows
+// the scopes free with their tokens kept, no renewal goes out after Close,
+// and an Acquire after Close fails with fence.ErrClosed. A lease lost
+// before Close is left alone.
+func TestCloseEndsLeases(t *testing.T) {
+	srv, c := start(t)
+	rc := &renewCounter{next: http.DefaultTransport.(*http.Transport).Clone()}
+	closing := srv.Client(client.WithHTTPClient(&http.Client{Transport: rc}), client.WithHolder("closing"))
+	t.Cleanup(func() { closing.Close() })
+
+	const ttl = 300 * time.Millisecond
+	var leases []*client.Lease
+	for _, scope := range []string{"a", "b", "c"} {
+		leases = append(leases, acquire(t, closing, scope, client.WithTTL(ttl)))
+	}
+	lost := acquire(t, closing, "lost", client.WithTTL(time.Minute))
+	lost.MarkLost(errors.New("a guard said so"))
+	eventually(t, "the leases renew", func() bool { return rc.n.Load() >= 2 })
+
+	if err := closing.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	renewals := rc.n.Load()
+	for _, l := range leases {
+		if !isClosed(l.Done()) {
+			t.Fatalf("lease %v: Done is open after Close returned", l.Token())
+		}
+		waitLost(t, l)
+		if st := get(t, c, l.Scope()); st.Lease != nil || st.LastToken != l.Token().Value {
+			t.Errorf("%q after Close: Get = %+v, want free with last token %d", l.Scope(), st, l.Token().Value)
+		}
+	}
+	checkHeld(t, c, "lost", "closing", lost.Token().Value)
+	time.Sleep(2 * ttl) // several renewal periods
+	if n := rc.n.Load(); n != renewals {
+		t.Errorf("%d renewals sent after Close returned", n-renewals)
+	}
+	if _, err := closing.Acquire(testContext(t), "d"); !errors.Is(err, fence.ErrClosed) {
+		t.Errorf("Acquire after Close = %v, want fence.ErrClosed", err)
+	}
+	if st := get(t, c, "d"); st.LastToken != 0 {
+		t.Errorf("Acquire after Close took token %d", st.LastToken)
+	}
+	if err := closing.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+}
+
+// TestCloseWithoutService: a Close that cannot reach the service still
+// ends its leases at once and returns within its bound, with an error
+// naming the leases that were not released.
+func TestCloseWithoutService(t *testing.T) {
+	srv, c := start(t)
+	l := acquire(t, c, "orders", client.WithTTL(time.Minute))
+	srv.Close()
+	began := time.Now()
+	err := c.Close()
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Close took %v with the service gone, want its 2s bound", took)
+	}
+	if err == nil || !strings.Contains(err.Error(), `"orders"`) {
+		t.Errorf("Close = %v, want an error naming the unreleased scope", err)
+	}
+	waitLost(t, l)
+}

@@ -21,7 +21,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	defer c.Close()
+//	defer c.Close() // ends and releases the leases it still keeps alive
 //
 //	lease, err := c.Acquire(ctx, "orders/shard-7", client.WithTTL(10*time.Second))
 //	var held *fence.HeldError

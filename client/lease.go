@@ -20,7 +20,7 @@ import (
 //     monotonic clock, passes without a newer confirmation;
 //   - the holder calls MarkLost, for example after a guard rejected its
 //     token as stale;
-//   - it is released.
+//   - it is released, or its Client is closed.
 //
 // A lost lease stays lost; acquire a new one to start a new epoch. A Lease
 // is safe for concurrent use.
@@ -43,7 +43,13 @@ type Lease struct {
 // or lost. A held scope gives a *fence.HeldError unless WithWait is given.
 // Transient failures are retried with the same request ID, so one Acquire
 // never takes two tokens.
+//
+// Acquire on a closed Client fails with fence.ErrClosed, and so does an
+// Acquire that Close overtakes: then the grant it obtained is released.
 func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOption) (*Lease, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("acquire %q: %w", scope, fence.ErrClosed)
+	}
 	a := c.acquireConfig(opts)
 	chosenID := a.requestID != ""
 	a = withRequestID(a)
@@ -60,13 +66,16 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	// own. So does a wait in line that took more than a third of the TTL,
 	// so that a lease starts with at least the validity a keep-alive
 	// leaves it.
+	abandon := func(err error) (*Lease, error) {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, _ = c.Release(rctx, scope, info.ID) // best effort: it would expire anyway
+		return nil, err
+	}
 	if retried || chosenID || time.Since(sent) > info.TTL/3 {
 		sent = time.Now()
 		if _, err := c.Renew(ctx, scope, info.ID); err != nil {
-			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_, _ = c.Release(rctx, scope, info.ID) // best effort: it would expire anyway
-			return nil, err
+			return abandon(err)
 		}
 	}
 	margin := a.margin
@@ -75,6 +84,9 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	}
 	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), validUntil: sent.Add(info.TTL - margin)}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	if err := c.keep(l); err != nil {
+		return abandon(fmt.Errorf("acquire %q: %w", scope, err))
+	}
 	l.wg.Add(1)
 	go l.keepAlive(sent)
 	return l, nil
@@ -141,8 +153,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
-// lose records the first reason the lease ended and stops it.
-func (l *Lease) lose(err error) {
+// lose records the first reason the lease ended and stops it. It reports
+// whether err was that first reason.
+func (l *Lease) lose(err error) bool {
 	l.mu.Lock()
 	first := l.err == nil
 	if first {
@@ -152,7 +165,9 @@ func (l *Lease) lose(err error) {
 	if first {
 		l.cancel(err)
 		close(l.stop)
+		l.c.forget(l)
 	}
+	return first
 }
 
 // keepAlive renews the lease every third of its TTL, counted from start,
