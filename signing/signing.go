@@ -77,6 +77,8 @@ type KeySet struct {
 	keys    []PublicKey
 	now     func() time.Time
 	refresh func() bool // fetches the keys again; nil for a fixed set
+
+	verified verifiedCache
 }
 
 // NewKeySet returns a key set of keys.
@@ -99,6 +101,14 @@ func (s *KeySet) Replace(keys []PublicKey) {
 }
 
 // Verify checks that t is signed by a key of the set that is still valid.
+//
+// A guard sees the same token on every write of one lease, and an Ed25519
+// verification costs tens of microseconds, so Verify remembers the last
+// few thousand tokens whose signatures verified (verifiedCap). It only
+// skips the signature check for a token it has seen verify: same scope,
+// value, lease ID, key ID and signature bytes, under the same public key.
+// The key is looked up on every call, so a token that verified before
+// fails once its key is removed (Replace) or past NotAfter.
 func (s *KeySet) Verify(t fence.Token) error {
 	if !t.Signed() {
 		return ErrUnsigned
@@ -112,10 +122,88 @@ func (s *KeySet) Verify(t fence.Token) error {
 		return fmt.Errorf("%w: key %q is not one this resource trusts", ErrBadSignature, t.KeyID)
 	case !k.NotAfter.IsZero() && s.now().After(k.NotAfter):
 		return fmt.Errorf("%w: key %q was retired at %s", ErrBadSignature, t.KeyID, k.NotAfter.Format(time.RFC3339))
-	case len(k.Key) != ed25519.PublicKeySize || !ed25519.Verify(k.Key, t.SignedPayload(), []byte(t.Sig)):
+	case len(k.Key) != ed25519.PublicKeySize:
 		return fmt.Errorf("%w (scope %q, token %d, key %q)", ErrBadSignature, t.Scope, t.Value, t.KeyID)
 	}
+	if s.verified.has(t, k.Key) {
+		return nil
+	}
+	if !ed25519.Verify(k.Key, t.SignedPayload(), []byte(t.Sig)) {
+		return fmt.Errorf("%w (scope %q, token %d, key %q)", ErrBadSignature, t.Scope, t.Value, t.KeyID)
+	}
+	s.verified.add(t, k.Key)
 	return nil
+}
+
+// verifiedCap bounds the tokens a KeySet remembers as verified. A guard
+// sees one current token per scope it serves, so a few thousand cover the
+// busy scopes of most resources; a token that fell out is verified again.
+const verifiedCap = 4096
+
+// verifiedCache holds tokens whose signatures verified, in two generations:
+// when the newer is full it becomes the older and the older is dropped, so
+// at most verifiedCap tokens are kept and a token in use stays (a hit in
+// the older generation moves it to the newer). The zero value is empty and
+// ready.
+type verifiedCache struct {
+	mu       sync.Mutex
+	cur, old map[verifiedKey]ed25519.PublicKey
+}
+
+// verifiedKey is everything a token's signature covers, plus the key ID
+// and the signature itself: a token that differs in any of them, a forged
+// signature included, is not the one that verified.
+type verifiedKey struct {
+	scope   string
+	value   uint64
+	leaseID fence.LeaseID
+	keyID   string
+	sig     string
+}
+
+func keyOf(t fence.Token) verifiedKey {
+	return verifiedKey{scope: t.Scope, value: t.Value, leaseID: t.LeaseID, keyID: t.KeyID, sig: t.Sig}
+}
+
+// has reports whether t verified under pub. The public key is compared
+// too: a key set replaced by one that reuses the key ID with another key
+// must verify again.
+func (c *verifiedCache) has(t fence.Token, pub ed25519.PublicKey) bool {
+	k := keyOf(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.cur[k]; ok {
+		return p.Equal(pub)
+	}
+	p, ok := c.old[k]
+	if !ok || !p.Equal(pub) {
+		return false
+	}
+	c.put(k, p)
+	return true
+}
+
+func (c *verifiedCache) add(t fence.Token, pub ed25519.PublicKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.put(keyOf(t), pub)
+}
+
+func (c *verifiedCache) put(k verifiedKey, pub ed25519.PublicKey) {
+	if len(c.cur) >= verifiedCap/2 {
+		c.old, c.cur = c.cur, nil
+	}
+	if c.cur == nil {
+		c.cur = make(map[verifiedKey]ed25519.PublicKey, verifiedCap/2)
+	}
+	c.cur[k] = pub
+}
+
+// len returns how many tokens c holds.
+func (c *verifiedCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cur) + len(c.old)
 }
 
 func (s *KeySet) key(id string) (PublicKey, bool) {
