@@ -21,12 +21,16 @@ const execLong = `Exec acquires a lease on SCOPE, keeps it alive, and runs COMMA
 holds it. COMMAND gets fencectl's environment plus:
 
   FENCE_SCOPE        the scope
-  FENCE_TOKEN        the fencing token's text form, fence:v1:SCOPE:N
+  FENCE_TOKEN        the fencing token's text form: signed by default,
+                     fence:v2:SCOPE:N:LEASE_ID:KEY_ID:SIGNATURE, or
+                     fence:v1:SCOPE:N from a fenced run with
+                     --sign-tokens=false
   FENCE_TOKEN_VALUE  the token's integer N
   FENCE_LEASE_ID     the lease ID
 
 Present the token with every write, so the resource can refuse writes from
-a holder that has lost its lease.
+a holder that has lost its lease: guard/httpguard reads it from the
+Fencing-Token header, whole, as FENCE_TOKEN holds it.
 
 COMMAND runs in its own process group. fencectl passes SIGINT, SIGTERM and
 SIGHUP it receives on to that group. When COMMAND exits, fencectl releases
@@ -54,7 +58,7 @@ COMMAND's writes: that is what the token is for.`
 
 const execExample = `  fencectl exec orders -- ./export-orders.sh --since yesterday
   fencectl exec orders/shard-7 --wait --ttl 30s --grace 5s -- ./worker
-  fencectl exec orders -- sh -c 'curl -H "Fence-Token: $FENCE_TOKEN" https://orders.internal/export'`
+  fencectl exec orders -- sh -c 'curl -H "Fencing-Token: $FENCE_TOKEN" https://orders.internal/export'`
 
 // forwarded are the signals exec passes on to its command.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
