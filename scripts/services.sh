@@ -12,6 +12,13 @@
 # ${FENCE_SERVICES_DIR:-<repo>/.services}. Every wait is bounded by
 # FENCE_SERVICES_WAIT seconds (default 60). The connection strings that the
 # tests read are in scripts/services.env; keep its ports in step with these.
+#
+# The ports are the same for every checkout on a machine, so a second
+# checkout finds the first one's servers answering and uses them: its tests
+# share their databases (each test makes tables and keys of its own). start
+# and status say so, naming the data directory of the server that answers;
+# to run a checkout's own, stop the others (scripts/services.sh stop, in the
+# checkout that started them).
 set -euo pipefail
 
 readonly HOST=127.0.0.1
@@ -153,7 +160,7 @@ ensure_up() {
 	local name=$1 ping=$2 pidfile=$3 comm=$4 launch=$5 logfile=$6
 	local deadline=$((SECONDS + WAIT_SECS)) last=-100 launches=0
 	if "$ping"; then
-		log "$name: already running"
+		log "$name: already running$(foreign_note "$name")"
 		return 0
 	fi
 	LAUNCHED_PID=
@@ -191,6 +198,52 @@ stop_pidfile() {
 	fi
 }
 not_running() { ! proc_running "$@"; }
+
+# same_dir A B: A and B name the same directory (trailing slashes, symlinks).
+same_dir() {
+	[[ -n $1 && -n $2 ]] && [[ "$(readlink -f -- "$1")" == "$(readlink -f -- "$2")" ]]
+}
+
+# served_dir NAME: where the server answering on NAME's port keeps its data,
+# as it says itself; empty if it does not say.
+served_dir() {
+	case $1 in
+	postgres) pg_psql -tA "$(pg_dsn postgres)" -c 'show data_directory' 2>/dev/null || true ;;
+	mariadb)
+		MYSQL_PWD=fence timeout 30 "$MY_CLIENT" --no-defaults --protocol=tcp -h "$HOST" -P "$MY_PORT" \
+			-u fence --connect-timeout=5 -N -B -e 'SELECT @@datadir' </dev/null 2>/dev/null || true
+		;;
+	redis) timeout 10 "$REDIS_CLI" -h "$HOST" -p "$REDIS_PORT" config get dir </dev/null 2>/dev/null | sed -n 2p || true ;;
+	esac
+}
+
+# foreign_dir NAME: true, printing the data directory the server on NAME's
+# port names ("?" when it names none), if that is not this state dir's.
+# Checkouts share the ports: without this a second checkout would use the
+# first one's servers without a word.
+foreign_dir() {
+	local want dir
+	case $1 in
+	postgres) want=$PG_DATA ;;
+	mariadb) want=$MY_DATA ;;
+	redis) want=$REDIS_ROOT ;;
+	esac
+	dir=$(served_dir "$1")
+	same_dir "$dir" "$want" && return 1
+	printf '%s\n' "${dir:-?}"
+}
+
+# foreign_note NAME: for the log of a server found running, a sentence on
+# whose it is, if not this checkout's.
+foreign_note() {
+	local dir
+	dir=$(foreign_dir "$1") || return 0
+	if [[ $dir == "?" ]]; then
+		printf ', but it does not say where its data is: it may be another checkout'"'"'s, or not ours at all'
+	else
+		printf ', but not from this checkout: its data is in %s. This checkout'"'"'s tests will use it and share its databases; to run servers of its own, stop that one (scripts/services.sh stop, in the checkout that started it)' "$dir"
+	fi
+}
 
 lock_state() {
 	exec 9>"$STATE_DIR/.lock"
@@ -510,11 +563,25 @@ cmd_stop() {
 	stop_pidfile mariadb "$MY_PID" mariadbd
 	redis_layout
 	stop_pidfile redis "$REDIS_PID" redis-server
+	# What still answers was not started from this state dir.
+	local dir
+	if [[ -n $PG_BIN ]] && pg_ping && dir=$(foreign_dir postgres); then
+		log "postgres: the server on $HOST:$PG_PORT is another checkout's (data in $dir); left running"
+	fi
+	if [[ -n $MY_ADMIN ]] && my_ping && dir=$(foreign_dir mariadb); then
+		log "mariadb: the server on $HOST:$MY_PORT is another checkout's (data in $dir); left running"
+	fi
+	if [[ -n $REDIS_CLI ]] && redis_ping && dir=$(foreign_dir redis); then
+		log "redis: the server on $HOST:$REDIS_PORT is another checkout's (data in $dir); left running"
+	fi
 }
 
 cmd_status() {
 	local down=0
 	resolve_binaries
+	if [[ -n $PG_BIN ]]; then pg_layout; fi
+	my_layout
+	redis_layout
 	status_line postgres "postgres://fence:fence@$HOST:$PG_PORT/fence" "$PG_BIN" pg_ping || down=1
 	status_line mariadb "fence:fence@tcp($HOST:$MY_PORT)/fence" "$MY_ADMIN" my_ping || down=1
 	status_line redis "redis://$HOST:$REDIS_PORT/0" "$REDIS_CLI" redis_ping || down=1
@@ -527,7 +594,11 @@ status_line() {
 		printf '%-9s %-5s  %s\n' "$1" down "(not installed)"
 		return 1
 	elif "$4"; then
-		printf '%-9s %-5s  %s\n' "$1" up "$2"
+		local dir note=''
+		if dir=$(foreign_dir "$1"); then
+			note="  (not this checkout's: data in $dir)"
+		fi
+		printf '%-9s %-5s  %s%s\n' "$1" up "$2" "$note"
 	else
 		printf '%-9s %-5s  %s\n' "$1" down "$2"
 		return 1
@@ -539,7 +610,7 @@ main() {
 	case $cmd in
 	start | stop | status) ;;
 	-h | --help | help)
-		sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+		sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 		return 0
 		;;
 	*)
