@@ -137,7 +137,7 @@ func checkHeld(t testing.TB, c *client.Client, scope, holder string, token uint6
 }
 
 // checkValidity checks that the lease counts itself valid no longer than
-// the service will hold it (DESIGN.md, client-side validity): the lease's
+// the service will hold it (docs/design.md, the holder's view): the lease's
 // ValidUntil, read first, must not be later than the service's deadline as
 // a Get after it reports. Deadlines only move later while a lease is held,
 // so a renewal in between cannot make a correct lease fail this check.

@@ -125,7 +125,7 @@ func (b *syncBuffer) String() string {
 }
 
 // TestWithLogger: lease transitions reach the given logger with the
-// fields DESIGN.md names.
+// fields docs/design.md names.
 func TestWithLogger(t *testing.T) {
 	var buf syncBuffer
 	srv := newServer(t, WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
