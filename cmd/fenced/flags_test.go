@@ -40,6 +40,7 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"--max-ttl", "10ms"}, want: "max TTL"},
 		{args: []string{"--listen", "nohost"}, want: "listen address"},
 		{args: []string{"--raft-log", "lmdb"}, want: "want bolt or wal"},
+		{args: []string{"--raft-segment-size", "4096"}, want: "want 65536 (64 KiB) to"},
 		{args: []string{"extra"}, want: "unexpected argument"},
 		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
 	} {

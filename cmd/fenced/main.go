@@ -62,6 +62,7 @@ func parse(args []string) (server.Config, error) {
 	join := fs.String("join", "", "comma-separated API addresses of cluster members to ask to add this node")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", 500*time.Millisecond, "how long followers wait to hear from the leader before electing another")
 	fs.StringVar(&cfg.RaftLog, "raft-log", "", "Raft log store: wal (raft-wal, one fsync per append) or bolt (raft-boltdb, two); empty keeps the one the data directory holds, and makes wal in a new one")
+	fs.IntVar(&cfg.RaftSegmentSize, "raft-segment-size", 64<<20, "bytes of a raft-wal segment file (--raft-log wal): compacted entries are dropped a whole segment at a time")
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries after which a snapshot is taken and the log compacted")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 120*time.Second, "how often to check --snapshot-threshold (randomised up to twice this)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "largest TTL an acquire may ask for")

@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -60,7 +61,7 @@ func logPath(dir, kind string) string {
 // holds, or makes a LogWAL for a new directory. A kind that differs from
 // the one dir holds is refused: an empty log beside the old one would
 // forget every token the node issued.
-func openLog(dir, kind string) (logStore, string, error) {
+func openLog(dir, kind string, segmentSize int) (logStore, string, error) {
 	if kind != "" && kind != LogBolt && kind != LogWAL {
 		return nil, "", fmt.Errorf("raftnode: log store %q: want %q or %q", kind, LogBolt, LogWAL)
 	}
@@ -87,7 +88,7 @@ func openLog(dir, kind string) (logStore, string, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, "", fmt.Errorf("create %s: %w", path, err)
 	}
-	w, err := wal.Open(path)
+	w, err := wal.Open(path, wal.WithSegmentSize(cmp.Or(segmentSize, wal.DefaultSegmentSize)))
 	if err != nil {
 		return nil, "", fmt.Errorf("open raft log %s: %w", path, err)
 	}

@@ -39,6 +39,11 @@ type Config struct {
 	// directory holds, and makes a LogWAL in a new one; a data directory
 	// never changes kind.
 	LogStore string
+	// SegmentSize is the size in bytes of a raft-wal segment file; zero
+	// means raft-wal's default, 64 MiB. raft-wal drops compacted entries a
+	// whole segment at a time, so until a segment fills, a follower that
+	// fell behind catches up from the log rather than from a snapshot.
+	SegmentSize int
 	// RaftListen is the TCP address the Raft transport binds. Empty means a
 	// node that is and stays a cluster of one.
 	RaftListen string
@@ -125,7 +130,7 @@ func Open(cfg Config) (*Node, error) {
 		DisableTime: true,
 	})
 
-	store, kind, err := openLog(cfg.DataDir, cfg.LogStore)
+	store, kind, err := openLog(cfg.DataDir, cfg.LogStore, cfg.SegmentSize)
 	if err != nil {
 		return nil, err
 	}

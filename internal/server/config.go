@@ -38,6 +38,9 @@ type Config struct {
 	// keeps the one the data directory holds, and makes raft-wal in a new
 	// one. A data directory keeps the kind it was made with.
 	RaftLog string
+	// RaftSegmentSize is the size in bytes of a raft-wal segment file; zero
+	// means 64 MiB.
+	RaftSegmentSize int
 	// SnapshotThreshold is how many log entries trigger a snapshot, checked
 	// every SnapshotInterval; zero means Raft's defaults (8192, 120s).
 	SnapshotThreshold uint64
@@ -105,6 +108,9 @@ func (c Config) Validate() error {
 	}
 	if c.RaftLog != "" && c.RaftLog != raftnode.LogBolt && c.RaftLog != raftnode.LogWAL {
 		return fmt.Errorf("raft log %q: want %s or %s, or empty to keep the data directory's", c.RaftLog, raftnode.LogBolt, raftnode.LogWAL)
+	}
+	if c.RaftSegmentSize != 0 && (c.RaftSegmentSize < 64<<10 || c.RaftSegmentSize > 1<<30) {
+		return fmt.Errorf("raft segment size %d bytes: want 65536 (64 KiB) to 1073741824 (1 GiB)", c.RaftSegmentSize)
 	}
 	if c.MaxWaiters < 0 {
 		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)

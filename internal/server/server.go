@@ -114,6 +114,7 @@ func Start(cfg Config) (*Server, error) {
 		HeartbeatTimeout:  cfg.ElectionTimeout,
 		ElectionTimeout:   cfg.ElectionTimeout,
 		SnapshotThreshold: cfg.SnapshotThreshold,
+		SegmentSize:       cfg.RaftSegmentSize,
 		SnapshotInterval:  cfg.SnapshotInterval,
 		Logger:            cfg.Logger,
 		OnEvents:          s.onEvents,
