@@ -24,6 +24,17 @@
 // with the same token are both accepted unless they carry sequence numbers
 // and the Guard is strict about them (WithStrictSequence).
 //
+// When apply fails, the Store rolls back what apply wrote in its
+// transaction and leaves the mark as it was. The HTTP and gRPC adapters
+// treat a handler that answers an error as a failed apply, and then call
+// Guard.Advance: the token was granted, so it still becomes the scope's
+// highest and refuses every older lease's late writes; only its sequence
+// number is not recorded, so that a retry can present it again. Advancing
+// cannot refuse a current writer, since the token passed the check. Not
+// advancing would leave the scope open to the older lease until the next
+// successful write, and whatever the failed handler did outside the
+// transaction exposed to it.
+//
 // A Store may run apply more than once for one write, to commit
 // concurrent writes together (a Repeater, such as boltguard's Batched
 // store); only the last run's effects are kept.

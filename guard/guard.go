@@ -163,18 +163,8 @@ var ErrWrongScope = fmt.Errorf("%w: token is for another scope", fence.ErrInvali
 // that scope (else ErrWrongScope) and not stale (else *StaleError). apply
 // runs inside the store's atomic section for the scope.
 func (g *Guard) Fence(ctx context.Context, scope string, w Write, apply func(ctx context.Context) error) error {
-	if w.Token.Scope != scope {
-		return fmt.Errorf("%w: %s presented for scope %q", ErrWrongScope, w.Token, scope)
-	}
-	if w.Token.Value == 0 || w.Token.Value > fence.MaxToken {
-		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", w.Token.Value, uint64(fence.MaxToken))}
-	}
-	if g.verify != nil {
-		if err := g.verify.Verify(w.Token); err != nil {
-			g.log.LogAttrs(ctx, slog.LevelWarn, "unverified token refused",
-				slog.String("scope", scope), slog.Uint64("presented_token", w.Token.Value), slog.String("err", err.Error()))
-			return err
-		}
+	if err := g.admit(ctx, scope, w.Token); err != nil {
+		return err
 	}
 	err := g.store.Fence(ctx, w, g.strict, apply)
 	if err == nil && g.obs != nil {
@@ -193,4 +183,45 @@ func (g *Guard) Fence(ctx context.Context, scope string, w Write, apply func(ctx
 		)
 	}
 	return err
+}
+
+// Advance records tok as its scope's highest token, if it is higher,
+// without applying a write: for a write whose token passed Fence's check
+// but whose apply failed, so that its writes rolled back. The token was
+// granted, so every older lease of the scope is over; recording it refuses
+// their late writes at once instead of after the next successful write.
+// The sequence number is not recorded: the failed write did not happen,
+// and its retry may present the same one. A tok older than the scope's
+// highest is no error, the mark being past it already. Advance checks tok
+// as Fence does (scope, value, WithVerifier); it is counted and logged as
+// no write. It is safe for concurrent use.
+func (g *Guard) Advance(ctx context.Context, scope string, tok fence.Token) error {
+	if err := g.admit(ctx, scope, tok); err != nil {
+		return err
+	}
+	err := g.store.Fence(ctx, Write{Token: tok}, false, func(context.Context) error { return nil })
+	var stale *StaleError
+	if errors.As(err, &stale) {
+		return nil
+	}
+	return err
+}
+
+// admit refuses a token of another scope, of a value no service issues,
+// or that the guard's Verifier refuses.
+func (g *Guard) admit(ctx context.Context, scope string, tok fence.Token) error {
+	if tok.Scope != scope {
+		return fmt.Errorf("%w: %s presented for scope %q", ErrWrongScope, tok, scope)
+	}
+	if tok.Value == 0 || tok.Value > fence.MaxToken {
+		return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("value %d is outside 1 to %d", tok.Value, uint64(fence.MaxToken))}
+	}
+	if g.verify != nil {
+		if err := g.verify.Verify(tok); err != nil {
+			g.log.LogAttrs(ctx, slog.LevelWarn, "unverified token refused",
+				slog.String("scope", scope), slog.Uint64("presented_token", tok.Value), slog.String("err", err.Error()))
+			return err
+		}
+	}
+	return nil
 }

@@ -15,7 +15,7 @@ import (
 
 // TestVerifierKeepsMark: a guard with a verifier accepts a token its key
 // signed, and no unsigned, inflated, forged or foreign token moves its
-// mark.
+// mark, through Fence or Advance.
 func TestVerifierKeepsMark(t *testing.T) {
 	ctx := context.Background()
 	key := signing.NewKey(time.Now())
@@ -37,6 +37,12 @@ func TestVerifierKeepsMark(t *testing.T) {
 		}
 		if m := store.Highest("orders"); m.Token != 5 {
 			t.Fatalf("after the %s token the mark is %d, want 5", name, m.Token)
+		}
+		if err := g.Advance(ctx, "orders", tok); !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("Advance with the %s token: %v, want an invalid-token error", name, err)
+		}
+		if m := store.Highest("orders"); m.Token != 5 {
+			t.Fatalf("after Advance with the %s token the mark is %d, want 5", name, m.Token)
 		}
 	}
 }

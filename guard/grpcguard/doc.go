@@ -55,9 +55,17 @@
 // unary calls. Checking each message instead would not be atomic: the
 // interceptor sees a message arrive, not the handler apply it.
 //
-// The token is recorded as the highest once the handler returns, whatever
-// it answered: the service cannot take back a side effect a handler
-// already made.
+// A handler that returns an error has failed: the store rolls back the
+// writes it made in the fenced section's transaction (boltguard's and
+// sqlguard's TxFromContext), and the call gets the handler's error. Its
+// token still becomes the scope's highest (guard.Advance), since it was
+// granted and so every older lease is over; its sequence number does not,
+// so a retry may present it again. Effects outside the store's
+// transaction cannot be rolled back: a store without transactions
+// (guard.MemoryStore, redisguard.Store) keeps whatever the handler
+// changed, and the advanced mark then at least refuses older writers
+// after it. A failed stream's messages have gone out already; its error
+// status says its writes were rolled back.
 //
 // With a store that commits the handler's writes together with the mark
 // (boltguard, sqlguard), a unary call's answer is sent only after that

@@ -127,13 +127,15 @@ func (c *config) fence(ctx context.Context, g *guard.Guard, scope string, handle
 	err = g.Fence(ctx, scope, w, func(ctx context.Context) error {
 		ran = true
 		handleErr = handle(ctx)
-		// Record the token even when the handler fails: some of its side
-		// effects may have happened, and a token that passed the check
-		// is never older than the scope's highest, so recording it
-		// cannot refuse a current writer.
-		return nil
+		return handleErr // a failed handler's writes roll back
 	})
 	if ran && handleErr != nil {
+		// The token passed the check all the same: record it, so that
+		// older leases' writes are refused from now on. A token that
+		// passed is never older than the scope's highest, so this cannot
+		// refuse a current writer. If it fails, the next write records
+		// it; the caller hears the handler's error either way.
+		_ = g.Advance(ctx, scope, w.Token)
 		return handleErr
 	}
 	if err != nil {

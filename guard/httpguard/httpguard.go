@@ -25,9 +25,17 @@
 // # Caveats
 //
 // Only unsafe methods (everything but GET, HEAD, OPTIONS and TRACE) are
-// fenced by default; reads pass unchecked. The token is recorded as the
-// highest once the handler returns, whatever status it wrote: the service
-// cannot take back a side effect a handler already made.
+// fenced by default; reads pass unchecked.
+//
+// A handler that answers an error status (400 or above) has failed: the
+// store rolls back the writes it made in the fenced section's transaction
+// (boltguard's and sqlguard's TxFromContext), and its answer is sent as it
+// wrote it. Its token still becomes the scope's highest (guard.Advance),
+// since it was granted and so every older lease is over; its sequence
+// number does not, so a retry may present it again. Effects outside the
+// store's transaction cannot be rolled back: a store without transactions
+// (guard.MemoryStore, redisguard.Store) keeps whatever the handler changed,
+// and the advanced mark then at least refuses older writers after it.
 //
 // The handler's answer is held back until the fenced section has ended,
 // and sent only if the section succeeded: with a store that commits the
@@ -159,11 +167,21 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			req.Body = body
 		}
 		next.ServeHTTP(ans, req)
+		if ans.failed() {
+			return errFailed
+		}
 		return nil
 	})
 	var stale *guard.StaleError
 	switch {
 	case err == nil:
+		ans.send(w)
+	case errors.Is(err, errFailed):
+		// The store rolled the handler's writes back. The token passed
+		// the check all the same: record it, so that older leases'
+		// writes are refused from now on. If that fails, the next write
+		// records it; the client hears the handler's failure either way.
+		_ = m.g.Advance(r.Context(), scope, wr.Token)
 		ans.send(w)
 	case errors.As(err, &stale):
 		writeProblem(w, Problem{
@@ -214,6 +232,10 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	_ = json.NewEncoder(w).Encode(p)
 }
 
+// errFailed makes the store roll back the writes of a handler that
+// answered an error.
+var errFailed = errors.New("httpguard: the handler answered an error status")
+
 // answer is a handler's response held back: its header, status and body.
 type answer struct {
 	header http.Header
@@ -233,6 +255,9 @@ func (a *answer) Write(p []byte) (int, error) {
 	a.WriteHeader(http.StatusOK)
 	return a.body.Write(p)
 }
+
+// failed reports whether the handler answered a client or server error.
+func (a *answer) failed() bool { return a.status >= http.StatusBadRequest }
 
 // send writes the answer to w, as the handler would have.
 func (a *answer) send(w http.ResponseWriter) {
