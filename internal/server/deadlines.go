@@ -16,6 +16,16 @@ import (
 // A deadline is marked expiring, under the same lock renewals take, before
 // its Expire command is proposed: from then on a renewal answers lost, so a
 // lease is never confirmed to its holder and then expired.
+//
+// Lock order: the state machine's lock (raftnode.Node.Read) before mu,
+// never the other way round. Renewing and taking office need both, the
+// state to check a lease and mu to move its deadline; the state machine's
+// writer takes the state lock alone and then mu alone (OnEvents). Taking
+// them in one order is what keeps a waiting writer from closing a cycle:
+// sync.RWMutex holds new readers back behind it, so a reader holding mu and
+// waiting for the state lock would wait for ever on one holding the state
+// lock and waiting for mu. Nothing calls out of this type while holding mu
+// except renew's check, which must not take the state lock.
 type deadlines struct {
 	mu   sync.Mutex
 	by   map[string]*deadline // by scope
@@ -86,7 +96,9 @@ func (d *deadlines) reset(n int, leases iter.Seq2[string, fsm.Lease], now time.T
 
 // renew extends the lease to a full TTL from now, unless its expiry has
 // been decided. check reads the state machine's view of the lease ID; it
-// runs under d's lock so that decision cannot slip in between.
+// runs under d's lock so that decision cannot slip in between. The caller
+// already holds the state lock (see the lock order above): check must not
+// take it.
 func (d *deadlines) renew(scope string, now time.Time, check func() fsm.Result) (fsm.Result, time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -189,10 +189,10 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 // extend moves a lease's deadline a full TTL ahead if id is the scope's
 // current lease and its expiry has not been decided; a lease found lost is
 // published as such. The caller confirms only after ConfirmLeader.
-func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
-	r, ttl := s.deadlines.renew(scope, time.Now(), func() (r fsm.Result) {
-		s.node.Read(func(st *fsm.State) { r = st.Check(scope, id) })
-		return r
+func (s *Server) extend(scope string, id fence.LeaseID) (r fsm.Result, ttl time.Duration) {
+	// The state lock first, then the deadlines': see deadlines.
+	s.node.Read(func(st *fsm.State) {
+		r, ttl = s.deadlines.renew(scope, time.Now(), func() fsm.Result { return st.Check(scope, id) })
 	})
 	if r.Outcome != fsm.Granted {
 		s.renewRefused(r)
