@@ -40,7 +40,34 @@ const (
 	// OpAddKey adds token-signing key KeyID with Seed, making it the one that
 	// signs; older keys keep verifying for TTL from At.
 	OpAddKey Op = "add_key"
+	// OpSetFormat raises the cluster's log format to Format (see
+	// LogFormat). A node that does not know that format stops applying
+	// when it meets this entry, so it must be proposed only once every
+	// node runs a build that knows it.
+	OpSetFormat Op = "set_format"
 )
+
+// LogFormat is the highest log format this build applies. The log format
+// says which commands exist and how they apply; the cluster's format, in
+// the state, is raised by OpSetFormat, so every replica switches at the
+// same entry.
+//
+//   - 1: the first format.
+//   - 2: OpSetFormat; the records of idle scopes are dropped beyond a
+//     few thousand, and a scope created again starts above every token of
+//     the dropped ones.
+//
+// A build must apply every format up to its own exactly as the builds
+// that introduced them did: replicas of different builds apply the same
+// log alike until the format is raised.
+const LogFormat = 2
+
+// ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
+// not understand: an operation or field it does not know, a log format
+// above LogFormat, or bytes that are not a command at all. A newer build,
+// or corruption, wrote it; a replica that applied it in its own way, or
+// not at all, would leave the others, so the caller must stop applying.
+var ErrUnknownEntry = errors.New("log entry this build does not understand")
 
 // MaxOwnerLen bounds the identity recorded with a lease.
 const MaxOwnerLen = 256
@@ -82,6 +109,8 @@ type Command struct {
 	// change of leader.
 	Owner    string   `json:"owner,omitempty"`
 	Expiries []Expiry `json:"expiries,omitempty"`
+	// Format is the log format an OpSetFormat raises the cluster to.
+	Format int `json:"format,omitempty"`
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -143,6 +172,11 @@ func (c Command) Validate() error {
 		return ValidateNodeID(c.Node)
 	case OpAddKey:
 		return validateKeyCommand(c)
+	case OpSetFormat:
+		if c.Format < 1 || c.Format > LogFormat {
+			return &fence.InvalidError{Field: "format", Reason: fmt.Sprintf("log format %d; this build knows 1 to %d", c.Format, LogFormat)}
+		}
+		return nil
 	}
 	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
 }
@@ -173,16 +207,34 @@ func (c Command) Encode() []byte {
 	return b
 }
 
-// DecodeCommand parses and validates a command's log form.
+// known reports whether this build knows the operation.
+func (o Op) known() bool {
+	switch o {
+	case OpAcquire, OpRelease, OpExpire, OpExpireMany, OpCancel, OpPromote, OpSetNode, OpForgetNode, OpAddKey, OpSetFormat:
+		return true
+	}
+	return false
+}
+
+// DecodeCommand parses and validates a command's log form. An entry it
+// does not understand gives an error wrapping ErrUnknownEntry; a command
+// it understands but that is malformed gives another error, which every
+// build that knows the command gives alike.
 func DecodeCommand(b []byte) (Command, error) {
 	var c Command
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return Command{}, fmt.Errorf("decode command: %w", err)
+		return Command{}, fmt.Errorf("decode command: %w: %w", ErrUnknownEntry, err)
 	}
 	if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
-		return Command{}, fmt.Errorf("decode command: trailing data after the command")
+		return Command{}, fmt.Errorf("decode command: %w: trailing data after the command", ErrUnknownEntry)
+	}
+	if !c.Op.known() {
+		return Command{}, fmt.Errorf("decode command: %w: operation %q", ErrUnknownEntry, c.Op)
+	}
+	if c.Op == OpSetFormat && c.Format > LogFormat {
+		return Command{}, fmt.Errorf("decode command: %w: the cluster's log format is raised to %d, this build knows 1 to %d", ErrUnknownEntry, c.Format, LogFormat)
 	}
 	if err := c.Validate(); err != nil {
 		return Command{}, fmt.Errorf("decode command: %w", err)

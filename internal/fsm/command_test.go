@@ -140,9 +140,9 @@ func TestDecodeCommandRejects(t *testing.T) {
 		{`{"op":"expire","scope":"a","token":18446744073709551616}`, false},
 		{`{"op":"promote"} {"op":"promote"}`, false},
 		{`{"op":"promote"} x`, false},
-		{`null`, true},
-		{`{}`, true},
-		{`{"op":"steal"}`, true},
+		{`null`, false},
+		{`{}`, false},
+		{`{"op":"steal"}`, false},
 		{`{"op":"acquire","scope":"a","lease_id":` + id + `}`, true},
 		{`{"op":"acquire","scope":"a","ttl":1}`, true},
 		{`{"op":"acquire","scope":"a","lease_id":"00000000000000000000000000000000","ttl":1}`, false}, // ParseLeaseID refuses the zero ID

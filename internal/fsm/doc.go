@@ -17,6 +17,41 @@
 //   - a scope's counter only grows; every grant takes counter+1, so tokens of
 //     successive grants strictly increase and never repeat, whatever happens
 //     to the lease (release, expiry, snapshot and restore);
+//   - a scope whose record was dropped starts again at the floor, which is
+//     at least every counter ever dropped, so its tokens stay above every
+//     token it had before;
 //   - renew and release succeed only for the current lease ID;
 //   - the counter refuses to pass fence.MaxToken rather than wrap.
+//
+// # Log formats
+//
+// What a command does is fixed by the cluster's log format (State.Format,
+// LogFormat), which only an OpSetFormat entry raises, so every replica
+// switches at the same entry, whichever build it runs. Under format 1 every
+// scope record is kept for good. From format 2 on, a scope with no lease,
+// no waiter and tokens left is idle; the idle records beyond the newest few
+// thousand are dropped, oldest first, and their counters go into the
+// floor. The records kept are then the held scopes, the scopes with
+// waiters, and those few thousand, however many scopes were ever used.
+//
+// The idle records are kept for the answers that need a scope's recent
+// grants: a retried acquire with a request ID whose grant has ended
+// answers Lost, and a renew or release with a superseded lease ID answers
+// Lost. Once a scope's record is dropped, the retried acquire is granted
+// anew (a token above the floor) and the renew or release answers
+// NotHolder: either way the caller learns that its old lease is gone.
+//
+// # Caveats
+//
+// The floor is shared: a scope created after a busy scope was dropped
+// starts above that scope's tokens. Tokens are only compared within a
+// scope, so this costs nothing but the numbers' size; a counter climbs by
+// at most the grants of the busiest scope, far from fence.MaxToken. A
+// scope that reached fence.MaxToken is never dropped, lest the floor
+// leave no token for any new scope.
+//
+// An entry this build cannot decode (DecodeCommand's ErrUnknownEntry) was
+// written by a newer build or is corrupt. Applying it as a no-op would make
+// this replica differ from those that understand it, so the caller must
+// stop applying (see package raftnode).
 package fsm

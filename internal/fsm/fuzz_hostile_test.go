@@ -84,6 +84,7 @@ func FuzzApplyLog(f *testing.F) {
 		{acquire("a", 9, reqID("r2")), acquire("a", 9, reqID("r2"), as(2)), cancel("a", 3)},
 		{acquire("z/exhausted", 9), acquire("c", 9, wait), promote, acquire("b/2", 9, wait), release("b/2", 5)},
 		{{Op: OpSetNode, Node: "n2", Addr: "h:1"}, {Op: OpForgetNode, Node: "n2"}, {Op: OpSetNode, Node: "n2", Addr: "h:2"}},
+		{{Op: OpSetFormat, Format: 2}, release("a", 2), acquire("a", 9), acquire("new", 8), release("new", 8), acquire("new", 7)},
 	} {
 		var b []byte
 		for _, c := range log {
@@ -94,6 +95,13 @@ func FuzzApplyLog(f *testing.F) {
 	f.Add([]byte("{\"op\":\"acquire\",\"scope\":\"a\",\"lease_id\":\"f0000000000000000000000000000009\",\"holder\":\"x\",\"ttl\":1,\"request_id\":\"r1\"}\n{\"op\":\"promote\"}\n"))
 	f.Fuzz(func(t *testing.T, log []byte) {
 		s := richState(t)
+		s.keepIdle = 1 // so that a short log drops records
+		// ever is every scope's highest token over the whole log, which
+		// outlives a record the state drops.
+		ever := map[string]uint64{}
+		for _, name := range s.sortedScopes("") {
+			ever[name] = s.Get(name).Last
+		}
 		var accepted []Command
 		for line := range bytes.Lines(log) {
 			c, err := DecodeCommand(line)
@@ -106,19 +114,35 @@ func FuzzApplyLog(f *testing.F) {
 			for _, name := range s.sortedScopes("") {
 				last[name] = s.Get(name).Last
 			}
+			floor := s.floor
 			r := s.Apply(c)
 			for name, l := range last {
-				if now := s.Get(name).Last; now < l {
+				if _, kept := s.scopes[name]; !kept {
+					if s.floor < l {
+						t.Fatalf("%s dropped %q at counter %d, above the floor %d", line, name, l, s.floor)
+					}
+				} else if now := s.Get(name).Last; now < l {
 					t.Fatalf("%s lowered the counter of %q from %d to %d", line, name, l, now)
 				}
 			}
 			for _, e := range r.Events {
-				if e.Kind == EventGranted && e.Lease.Token != s.Get(e.Scope).Last {
+				if e.Kind != EventGranted {
+					continue
+				}
+				if e.Lease.Token != s.Get(e.Scope).Last {
 					t.Fatalf("%s granted %q token %d, but its counter is %d", line, e.Scope, e.Lease.Token, s.Get(e.Scope).Last)
 				}
-				if e.Kind == EventGranted && e.Lease.Token != last[e.Scope]+1 {
-					t.Fatalf("%s granted %q token %d after counter %d", line, e.Scope, e.Lease.Token, last[e.Scope])
+				prev, known := last[e.Scope]
+				if !known {
+					prev = floor // created: it starts at the floor
 				}
+				if e.Lease.Token != prev+1 {
+					t.Fatalf("%s granted %q token %d after counter %d", line, e.Scope, e.Lease.Token, prev)
+				}
+				if e.Lease.Token <= ever[e.Scope] {
+					t.Fatalf("%s granted %q token %d, not above its earlier token %d", line, e.Scope, e.Lease.Token, ever[e.Scope])
+				}
+				ever[e.Scope] = e.Lease.Token
 			}
 			if r.Outcome == Invalid {
 				var ie *fence.InvalidError
@@ -132,6 +156,7 @@ func FuzzApplyLog(f *testing.F) {
 		}
 		checkRestore(t, s.Snapshot())
 		again := richState(t)
+		again.keepIdle = s.keepIdle
 		applyAll(again, accepted)
 		if !bytes.Equal(again.Snapshot(), s.Snapshot()) {
 			t.Fatalf("replaying the log gave another state:\n%s\n%s", again.Snapshot(), s.Snapshot())

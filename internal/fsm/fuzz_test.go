@@ -18,6 +18,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		expire("a", 1),
 		cancel("a", 2),
 		{Op: OpPromote, At: 5},
+		{Op: OpSetFormat, Format: 2},
 	} {
 		f.Add(c.Encode())
 	}
@@ -70,6 +71,7 @@ func FuzzRestore(f *testing.F) {
 	f.Add(s.Snapshot())
 	f.Add(frame(`{"scopes":[{"scope":"a","last":1,"lease":` + leaseJSON(1, 2) + `}]}`))
 	f.Add(frame(`{"scopes":[]} x`))
+	f.Add(frame(`{"scopes":[{"scope":"a","last":2},{"scope":"b","last":9223372036854775807}],"format":2,"floor":7,"idle":["a"]}`))
 	f.Add([]byte(`{"scopes":[{"scope":"a","last":3,"lease":` + leaseJSON(1, 3) + `,"waiters":[` + waiterJSON(2) + `]}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// The input as it is, and framed with a valid checksum so that the

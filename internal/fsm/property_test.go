@@ -18,7 +18,11 @@ import (
 
 // The model: the simplest thing that behaves like a State. Per scope it
 // keeps the last token, the holder, the queue, and the last recentGrants
-// grants (which answer "lost" to their lease ID and request ID).
+// grants (which answer "lost" to their lease ID and request ID). From log
+// format 2 on, it forgets the scopes that have been idle longest beyond
+// keep of them, and starts a scope it does not know at the highest token
+// of every scope it forgot. The run checks every grant against every
+// earlier token of its scope, forgotten or not (run.last).
 
 type mLease struct {
 	id    fence.LeaseID
@@ -33,7 +37,15 @@ type mScope struct {
 	recent []mLease
 }
 
-type model map[string]*mScope
+type model struct {
+	scopes map[string]*mScope
+	format int
+	keep   int
+	floor  uint64
+	idle   []string // oldest first
+}
+
+func newModel(keep int) *model { return &model{scopes: map[string]*mScope{}, format: 1, keep: keep} }
 
 // view is what the model predicts of a Result.
 type view struct {
@@ -61,12 +73,60 @@ func viewOf(r Result) view {
 	return v
 }
 
-func (m model) apply(c Command) view {
+func (m *model) apply(c Command) view {
+	v := m.applyOne(c)
+	if m.format >= 2 && v.Outcome != Invalid {
+		m.settle(c.Scope)
+		for _, e := range v.Events {
+			m.settle(e.Scope)
+		}
+		m.forget()
+	}
+	return v
+}
+
+// settle puts a scope with no holder and no queue at the end of the idle
+// line, and takes a scope with either out of it.
+func (m *model) settle(name string) {
+	ms := m.scopes[name]
+	if ms == nil {
+		return
+	}
+	i := slices.Index(m.idle, name)
+	busy := ms.holder != nil || len(ms.queue) > 0 || ms.last == fence.MaxToken // an exhausted scope is never forgotten
+	switch {
+	case busy && i >= 0:
+		m.idle = slices.Delete(m.idle, i, i+1)
+	case !busy && i < 0:
+		m.idle = append(m.idle, name)
+	}
+}
+
+func (m *model) forget() {
+	for len(m.idle) > m.keep {
+		name := m.idle[0]
+		m.idle = m.idle[1:]
+		m.floor = max(m.floor, m.scopes[name].last)
+		delete(m.scopes, name)
+	}
+}
+
+func (m *model) applyOne(c Command) view {
 	if c.Validate() != nil {
 		return view{Outcome: Invalid, Scope: c.Scope}
 	}
 	var v view
 	switch c.Op {
+	case OpSetFormat:
+		if c.Format > m.format {
+			if m.format < 2 {
+				for _, name := range slices.Sorted(maps.Keys(m.scopes)) {
+					m.settle(name)
+				}
+			}
+			m.format = c.Format
+		}
+		return view{Outcome: NoOp}
 	case OpAcquire:
 		v = m.acquire(c.Scope, mLease{id: c.LeaseID, req: c.RequestID}, c.Wait)
 	case OpRelease:
@@ -91,11 +151,14 @@ func (m model) apply(c Command) view {
 	return v
 }
 
-func (m model) acquire(name string, l mLease, wait bool) view {
-	ms := m[name]
+func (m *model) acquire(name string, l mLease, wait bool) view {
+	ms := m.scopes[name]
 	if ms == nil {
-		ms = &mScope{}
-		m[name] = ms
+		if m.floor == fence.MaxToken {
+			return view{Outcome: Exhausted}
+		}
+		ms = &mScope{last: m.floor}
+		m.scopes[name] = ms
 	}
 	if l.req != "" {
 		if h := ms.holder; h != nil && h.req == l.req {
@@ -173,8 +236,8 @@ func (ms *mScope) notCurrent(id fence.LeaseID) view {
 	return view{Outcome: NotHolder}
 }
 
-func (m model) release(name string, id fence.LeaseID) view {
-	ms := m[name]
+func (m *model) release(name string, id fence.LeaseID) view {
+	ms := m.scopes[name]
 	if ms == nil {
 		return view{Outcome: NotHolder}
 	}
@@ -187,8 +250,8 @@ func (m model) release(name string, id fence.LeaseID) view {
 	return v
 }
 
-func (m model) expire(name string, token uint64) view {
-	ms := m[name]
+func (m *model) expire(name string, token uint64) view {
+	ms := m.scopes[name]
 	if ms == nil || ms.holder == nil || ms.holder.token != token {
 		return view{Outcome: NoOp}
 	}
@@ -198,8 +261,8 @@ func (m model) expire(name string, token uint64) view {
 	return v
 }
 
-func (m model) cancel(name string, id fence.LeaseID) view {
-	ms := m[name]
+func (m *model) cancel(name string, id fence.LeaseID) view {
+	ms := m.scopes[name]
 	if ms == nil {
 		return view{Outcome: NoOp}
 	}
@@ -214,25 +277,25 @@ func (m model) cancel(name string, id fence.LeaseID) view {
 	return view{Outcome: NoOp}
 }
 
-func (m model) promote() view {
+func (m *model) promote() view {
 	v := view{Outcome: NoOp}
-	names := make([]string, 0, len(m))
-	for name := range m {
+	names := make([]string, 0, len(m.scopes))
+	for name := range m.scopes {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		for _, w := range m[name].queue {
+		for _, w := range m.scopes[name].queue {
 			v.Events = append(v.Events, evView{EventCancelled, name, w.id, 0})
 		}
-		m[name].queue = nil
+		m.scopes[name].queue = nil
 	}
 	return v
 }
 
-func (m model) check(name string, id fence.LeaseID) view {
+func (m *model) check(name string, id fence.LeaseID) view {
 	v := view{Outcome: NotHolder}
-	if ms := m[name]; ms != nil {
+	if ms := m.scopes[name]; ms != nil {
 		if h := ms.holder; h != nil && h.id == id {
 			v = view{Outcome: Granted, ID: h.id, Token: h.token, Req: h.req}
 		} else {
@@ -247,7 +310,7 @@ func (m model) check(name string, id fence.LeaseID) view {
 // restored from a snapshot, the model, and what the run has seen.
 type run struct {
 	s, twin *State
-	m       model
+	m       *model
 	scopes  []string
 	ids     []fence.LeaseID            // every lease ID a command carried
 	granted map[string][]fence.LeaseID // per scope, every lease ID granted
@@ -268,7 +331,7 @@ func (r *run) newID() fence.LeaseID {
 // one, a waiter's, an old grant's, any seen so far, or a new one.
 func (r *run) pickID(t *rapid.T, name string) fence.LeaseID {
 	var choices []fence.LeaseID
-	if ms := r.m[name]; ms != nil {
+	if ms := r.m.scopes[name]; ms != nil {
 		if ms.holder != nil {
 			choices = append(choices, ms.holder.id, ms.holder.id) // twice: the common case
 		}
@@ -300,7 +363,7 @@ func (r *run) drawCommand(t *rapid.T) Command {
 		return Command{Op: opCheck, Scope: name, LeaseID: r.pickID(t, name)}
 	case 7:
 		var last, cur uint64
-		if ms := r.m[name]; ms != nil {
+		if ms := r.m.scopes[name]; ms != nil {
 			last, cur = ms.last, ms.current()
 		}
 		if rapid.IntRange(0, 3).Draw(t, "expire many") == 0 {
@@ -310,7 +373,7 @@ func (r *run) drawCommand(t *rapid.T) Command {
 			for range rapid.IntRange(1, 5).Draw(t, "expiries") {
 				name := rapid.SampledFrom(r.scopes).Draw(t, "expiry scope")
 				var last uint64
-				if ms := r.m[name]; ms != nil {
+				if ms := r.m.scopes[name]; ms != nil {
 					last = ms.last
 				}
 				es = append(es, Expiry{Scope: name, Token: rapid.Uint64Range(1, last+1).Draw(t, "expiry token")})
@@ -322,11 +385,14 @@ func (r *run) drawCommand(t *rapid.T) Command {
 		}
 		return Command{Op: OpExpire, Scope: name, Token: rapid.Uint64Range(1, last+2).Draw(t, "token")}
 	case 8:
-		if ms := r.m[name]; ms != nil && len(ms.queue) > 0 && rapid.Bool().Draw(t, "cancel a waiter") {
+		if ms := r.m.scopes[name]; ms != nil && len(ms.queue) > 0 && rapid.Bool().Draw(t, "cancel a waiter") {
 			return Command{Op: OpCancel, Scope: name, LeaseID: rapid.SampledFrom(ms.queue).Draw(t, "waiter").id}
 		}
 		return Command{Op: OpCancel, Scope: name, LeaseID: r.pickID(t, name)}
 	case 9:
+		if rapid.IntRange(0, 3).Draw(t, "set format") == 0 {
+			return Command{Op: OpSetFormat, Format: rapid.IntRange(1, LogFormat).Draw(t, "format")}
+		}
 		return Command{Op: OpPromote}
 	default:
 		return rapid.SampledFrom([]Command{
@@ -360,7 +426,7 @@ func (r *run) step(t *rapid.T, i int, c Command) {
 	if diff := diffResults(twin, got); diff != "" {
 		t.Fatalf("step %d: %+v: the restored state answers differently (-twin +state):\n%s", i, c, diff)
 	}
-	if len(got.Events) == 0 && got.Outcome != Queued && !bytes.Equal(before, r.s.Snapshot()) {
+	if len(got.Events) == 0 && got.Outcome != Queued && c.Op != OpSetFormat && !bytes.Equal(before, r.s.Snapshot()) {
 		t.Fatalf("step %d: %+v: %v with no event changed the state", i, c, got.Outcome)
 	}
 	// Invariant 3: renew (check) and release succeed only for the
@@ -412,7 +478,7 @@ func (r *run) event(t *rapid.T, i int, e Event) {
 // compare checks the whole state against the model and the invariants.
 func (r *run) compare(t *rapid.T, i int) {
 	held := 0
-	for _, ms := range r.m {
+	for _, ms := range r.m.scopes {
 		if ms.holder != nil {
 			held++
 		}
@@ -425,8 +491,8 @@ func (r *run) compare(t *rapid.T, i int) {
 	after := rapid.SampledFrom(append([]string{"", "zz"}, r.scopes...)).Draw(t, "held after")
 	limit := rapid.IntRange(0, 3).Draw(t, "held limit")
 	var want []string
-	for _, name := range slices.Sorted(maps.Keys(r.m)) {
-		if r.m[name].holder != nil && strings.HasPrefix(name, prefix) && name > after && (limit == 0 || len(want) < limit) {
+	for _, name := range slices.Sorted(maps.Keys(r.m.scopes)) {
+		if r.m.scopes[name].holder != nil && strings.HasPrefix(name, prefix) && name > after && (limit == 0 || len(want) < limit) {
 			want = append(want, name)
 		}
 	}
@@ -440,7 +506,7 @@ func (r *run) compare(t *rapid.T, i int) {
 		}
 	}
 	for _, name := range r.scopes {
-		in, ms := r.s.Get(name), r.m[name]
+		in, ms := r.s.Get(name), r.m.scopes[name]
 		if ms == nil {
 			ms = &mScope{}
 		}
@@ -480,8 +546,11 @@ func (r *run) compare(t *rapid.T, i int) {
 func TestApplyMatchesModel(t *testing.T) {
 	seen := map[Outcome]int{}
 	rapid.Check(t, func(t *rapid.T) {
+		// Few idle records kept, so that scopes are forgotten and
+		// created again often.
+		keep := rapid.IntRange(0, 2).Draw(t, "idle records kept")
 		r := &run{
-			s: New(), twin: New(), m: model{}, scopes: []string{"a", "b/1", "c"},
+			s: New(), twin: New(), m: newModel(keep), scopes: []string{"a", "b/1", "c"},
 			granted: map[string][]fence.LeaseID{}, tokenOf: map[fence.LeaseID]uint64{},
 			last: map[string]uint64{}, holder: map[string]fence.LeaseID{}, seen: seen,
 		}
@@ -493,8 +562,12 @@ func TestApplyMatchesModel(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.twin, _ = Restore(snap)
-			r.m["c"] = &mScope{last: fence.MaxToken - left}
+			r.m.scopes["c"] = &mScope{last: fence.MaxToken - left}
 			r.last["c"] = fence.MaxToken - left
+		}
+		r.s.keepIdle, r.twin.keepIdle = keep, keep
+		if rapid.Bool().Draw(t, "format 2 from the start") {
+			r.step(t, -1, Command{Op: OpSetFormat, Format: 2})
 		}
 		// States frozen along the way must encode, at the end, as they
 		// were when frozen: Raft encodes while commands go on.
@@ -522,6 +595,7 @@ func TestApplyMatchesModel(t *testing.T) {
 				if !bytes.Equal(snap, r.twin.Snapshot()) {
 					t.Fatalf("step %d: the state and its twin differ", i)
 				}
+				restored.keepIdle = keep
 				r.s = restored
 			}
 		}
@@ -539,7 +613,8 @@ func TestApplyMatchesModel(t *testing.T) {
 			// Streamed one scope at a time, the body is still the bytes
 			// of json.Marshal, the format's definition, once each scope's
 			// current lease has joined its recent grants.
-			full := snapshotBody{Scopes: []snapshotScope{}, Nodes: fz.f.nodes, Removed: fz.f.removed, Keys: fz.f.keys}
+			full := snapshotBody{Scopes: []snapshotScope{}, Nodes: fz.f.nodes, Removed: fz.f.removed, Keys: fz.f.keys,
+				Format: fz.f.format, Floor: fz.f.floor, Idle: fz.f.idle}
 			for i := range fz.f.scopes {
 				sc := fz.f.scopes[i].record()
 				sc.complete(nil)

@@ -18,7 +18,7 @@ import (
 func randomLog(seed uint64, n int) []Command {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	scopes := []string{"a", "b/1", "b/2", "c"}
-	s := New()
+	s := newReplica()
 	var ids []fence.LeaseID
 	pick := func(scope string) fence.LeaseID {
 		if l := s.Get(scope).Lease; l != nil && rng.IntN(2) == 0 {
@@ -34,6 +34,14 @@ func randomLog(seed uint64, n int) []Command {
 		scope := scopes[rng.IntN(len(scopes))]
 		at := int64(i+1) * int64(time.Millisecond)
 		var c Command
+		if seed%2 == 1 && i == n/3 {
+			// Half the logs raise the format partway, so that replicas
+			// drop idle scopes and create them again.
+			c = Command{Op: OpSetFormat, Format: 2}
+			s.Apply(c)
+			log = append(log, c)
+			continue
+		}
 		switch k := rng.IntN(20); {
 		case k < 8:
 			id := fence.LeaseID{0: 0xa0, 1: byte(seed), 14: byte(i >> 8), 15: byte(i)}
@@ -72,6 +80,14 @@ func randomLog(seed uint64, n int) []Command {
 	return log
 }
 
+// newReplica returns a state that keeps a single idle record once its
+// format is raised, so that a log over a few scopes drops some.
+func newReplica() *State {
+	s := New()
+	s.keepIdle = 1
+	return s
+}
+
 func applyAll(s *State, log []Command) []Result {
 	out := make([]Result, len(log))
 	for i, c := range log {
@@ -86,7 +102,7 @@ func TestRandomLogUsesEveryOutcome(t *testing.T) {
 	seen := map[Outcome]int{}
 	var events int
 	for seed := range uint64(10) {
-		for _, r := range applyAll(New(), randomLog(seed, 400)) {
+		for _, r := range applyAll(newReplica(), randomLog(seed, 400)) {
 			seen[r.Outcome]++
 			events += len(r.Events)
 		}
@@ -105,7 +121,7 @@ func TestRandomLogUsesEveryOutcome(t *testing.T) {
 func TestReplayIsDeterministic(t *testing.T) {
 	for seed := range uint64(10) {
 		log := randomLog(seed, 400)
-		a, b := New(), New()
+		a, b := newReplica(), newReplica()
 		ra, rb := applyAll(a, log), applyAll(b, log)
 		if diff := diffResults(ra, rb); diff != "" {
 			t.Fatalf("seed %d: two replays answer differently (-first +second):\n%s", seed, diff)
@@ -116,7 +132,7 @@ func TestReplayIsDeterministic(t *testing.T) {
 
 		// A replica applies what it decodes; an entry that does not decode
 		// is refused whole, as Apply refuses an invalid command.
-		c := New()
+		c := newReplica()
 		for i, cmd := range log {
 			d, err := DecodeCommand(cmd.Encode())
 			if err != nil {
@@ -141,7 +157,7 @@ func TestReplayIsDeterministic(t *testing.T) {
 func TestRestoreThenReplayTheRest(t *testing.T) {
 	for seed := range uint64(5) {
 		log := randomLog(100+seed, 300)
-		whole := New()
+		whole := newReplica()
 		snaps := make([][]byte, len(log)+1)
 		results := make([]Result, len(log))
 		for i, c := range log {
@@ -154,6 +170,7 @@ func TestRestoreThenReplayTheRest(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seed %d, cut %d: %v", seed, cut, err)
 			}
+			s.keepIdle = whole.keepIdle
 			if diff := diffResults(results[cut:], applyAll(s, log[cut:])); diff != "" {
 				t.Fatalf("seed %d, cut %d: the restored state answers the rest of the log differently:\n%s", seed, cut, diff)
 			}

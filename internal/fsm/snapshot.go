@@ -20,11 +20,17 @@ const snapshotMagic = "fence-fsm-snapshot v1 crc32c="
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// snapshotBody is the snapshot's body. The fields after Keys appear from
+// log format 2 on: a state of format 1 encodes as the builds before them
+// did, so that a node of such a build can restore it during an upgrade.
 type snapshotBody struct {
 	Scopes  []snapshotScope   `json:"scopes"`
 	Nodes   map[string]string `json:"nodes,omitempty"`
 	Removed []string          `json:"removed,omitempty"`
 	Keys    []SigningKey      `json:"keys,omitempty"`
+	Format  int               `json:"format,omitempty"`
+	Floor   uint64            `json:"floor,omitempty"`
+	Idle    []string          `json:"idle,omitempty"` // the idle scopes, oldest first
 }
 
 type snapshotScope struct {
@@ -53,6 +59,9 @@ type Frozen struct {
 	nodes   map[string]string
 	removed []string
 	keys    []SigningKey
+	format  int // 0 for format 1, which the body does not name
+	floor   uint64
+	idle    []string
 }
 
 // frozenScope is a scope's record as Freeze found it. A copy of the record
@@ -78,7 +87,7 @@ func (s *State) Freeze() *Frozen {
 	for name, sc := range s.scopes {
 		fs := frozenScope{name: name, sc: *sc}
 		if sc.more != nil {
-			fs.sc.more = &scopeMore{waiters: slices.Clone(sc.more.waiters), ended: slices.Clone(sc.more.ended)}
+			fs.sc.more = &scopeMore{waiters: slices.Clone(sc.more.waiters), ended: slices.Clone(sc.more.ended), idle: sc.more.idle}
 		}
 		f.scopes = append(f.scopes, fs)
 	}
@@ -87,6 +96,14 @@ func (s *State) Freeze() *Frozen {
 	}
 	f.removed = s.removedList()
 	f.keys = slices.Clone(s.keys)
+	if s.format >= 2 {
+		f.format, f.floor = s.format, s.floor
+		f.idle = make([]string, 0, s.idle.Len())
+		s.idle.Ascend(func(i idleScope) bool {
+			f.idle = append(f.idle, i.name)
+			return true
+		})
+	}
 	return f
 }
 
@@ -118,7 +135,10 @@ func (f *Frozen) writeBody(w io.Writer) error {
 		Nodes   map[string]string `json:"nodes,omitempty"`
 		Removed []string          `json:"removed,omitempty"`
 		Keys    []SigningKey      `json:"keys,omitempty"`
-	}{f.nodes, f.removed, f.keys})
+		Format  int               `json:"format,omitempty"`
+		Floor   uint64            `json:"floor,omitempty"`
+		Idle    []string          `json:"idle,omitempty"`
+	}{f.nodes, f.removed, f.keys, f.format, f.floor, f.idle})
 	if err != nil {
 		return err
 	}
@@ -271,6 +291,12 @@ func decodeBody(r io.Reader) (*State, error) {
 			err = dec.Decode(&sb.Removed)
 		case "keys":
 			err = dec.Decode(&sb.Keys)
+		case "format":
+			err = dec.Decode(&sb.Format)
+		case "floor":
+			err = dec.Decode(&sb.Floor)
+		case "idle":
+			err = dec.Decode(&sb.Idle)
 		default:
 			err = fmt.Errorf("unknown field %v", t)
 		}
@@ -306,7 +332,54 @@ func decodeBody(r io.Reader) (*State, error) {
 		return nil, fmt.Errorf("signing %w", err)
 	}
 	s.keys = sb.Keys
+	if err := s.restoreIdle(sb); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// restoreIdle restores the log format, the floor and the line of idle
+// scopes of a state whose scopes are restored.
+func (s *State) restoreIdle(sb snapshotBody) error {
+	switch {
+	case sb.Format > LogFormat:
+		return fmt.Errorf("%w: a snapshot of log format %d; this build knows 1 to %d", ErrUnknownEntry, sb.Format, LogFormat)
+	case sb.Format == 1 || sb.Format < 0:
+		return fmt.Errorf("log format %d: format 1 is written as no format at all", sb.Format)
+	case sb.Format == 0:
+		if sb.Floor != 0 || len(sb.Idle) > 0 {
+			return fmt.Errorf("a floor or idle scopes in a snapshot of log format 1")
+		}
+		return nil
+	}
+	if sb.Floor > fence.MaxToken {
+		return fmt.Errorf("floor %d above the maximum token", sb.Floor)
+	}
+	s.format, s.floor = sb.Format, sb.Floor
+	for _, name := range sb.Idle {
+		sc := s.scopes[name]
+		switch {
+		case sc == nil:
+			return fmt.Errorf("idle scope %q has no record", name)
+		case !sc.droppable():
+			return fmt.Errorf("idle scope %q is held or exhausted", name)
+		case sc.idleSeq() != 0:
+			return fmt.Errorf("idle scope %q appears twice", name)
+		}
+		s.idleSeq++
+		sc.grow().idle = s.idleSeq
+		s.idle.ReplaceOrInsert(idleScope{s.idleSeq, name})
+	}
+	free := 0
+	for _, sc := range s.scopes {
+		if sc.droppable() {
+			free++
+		}
+	}
+	if s.idle.Len() != free {
+		return fmt.Errorf("%d idle scopes listed, %d free", s.idle.Len(), free)
+	}
+	return nil
 }
 
 // complete adds the current lease's grant to a frozen scope's ended

@@ -49,8 +49,11 @@ type grant struct {
 	RequestID string        `json:"request_id,omitempty"`
 }
 
-// scope is one scope's record. It is never deleted: its counter must
-// outlive every lease.
+// scope is one scope's record. Under log format 1 it is never deleted: its
+// counter must outlive every lease. From format 2 on, a scope with no lease
+// and no waiter is idle, and the oldest idle records are dropped once more
+// than keepIdle of them are kept; the state's floor then stands in for
+// their counters (see State.floor).
 type scope struct {
 	last  uint64 // the highest token issued; 0 before the first grant
 	lease *Lease // nil when free
@@ -68,6 +71,10 @@ type scopeMore struct {
 	// except as restored from a snapshot written before grants recorded
 	// their holder, where its copy is kept as it was (see hasCurrent).
 	ended []grant
+	// idle is the scope's place in the line of idle records, 0 while it
+	// has a lease or a waiter (and always, under format 1). It lives here,
+	// not in scope, because a held scope, the common one, needs none.
+	idle uint64
 }
 
 func (sc *scope) waiters() []Waiter {
@@ -181,20 +188,63 @@ type Result struct {
 // New. A State is not safe for concurrent use: its owner serialises Apply
 // and the queries.
 type State struct {
-	scopes  map[string]*scope
-	nodes   map[string]string // node ID → API address
-	removed map[string]bool   // node IDs removed from the cluster
-	keys    []SigningKey      // oldest first; the last one signs
+	// format is the cluster's log format, which says how commands apply:
+	// 0 and 1 are the first format, 2 drops idle scopes. Only OpSetFormat
+	// raises it, never lowers it.
+	format int
+	scopes map[string]*scope
+	// floor is at least every token of every scope whose record was
+	// dropped, so a scope created anew starts above it: its tokens stay
+	// above every token the scope had before it was forgotten.
+	floor uint64
+	// idle orders the idle records, oldest first, by the place each
+	// scope took in the line when it became idle (scopeMore.idle); idleSeq
+	// is the last place given.
+	idle    *btree.BTreeG[idleScope]
+	idleSeq uint64
+	// keepIdle is how many idle records are kept: Lost answers and
+	// request-ID retries need a scope's recent grants for a while after
+	// it is freed. Replicas must agree on it, so it is a constant of the
+	// format (idleKept); tests lower it to reach the drop often.
+	keepIdle int
+	nodes    map[string]string // node ID → API address
+	removed  map[string]bool   // node IDs removed from the cluster
+	keys     []SigningKey      // oldest first; the last one signs
 	// held indexes the scopes with a lease in order, so that listing a
 	// page costs the page, not a sort of every scope.
 	held *btree.BTreeG[string]
 }
 
-// New returns an empty State.
+// idleKept is how many idle scope records a state of log format 2 keeps:
+// about a megabyte, and, at ten thousand releases a second, most of a
+// second for a client to retry an acquire or release whose answer it
+// lost and still get the answer it missed (afterwards: a new grant, or
+// NotHolder). Changing it changes what replicas answer, so it needs a new
+// log format.
+const idleKept = 4096
+
+type idleScope struct {
+	seq  uint64
+	name string
+}
+
+func idleLess(a, b idleScope) bool { return a.seq < b.seq }
+
+// New returns an empty State, of log format 1 until an OpSetFormat raises
+// it.
 func New() *State {
 	return &State{scopes: make(map[string]*scope), nodes: make(map[string]string), removed: make(map[string]bool),
-		held: btree.NewOrderedG[string](32)}
+		held: btree.NewOrderedG[string](32), idle: btree.NewG(32, idleLess), keepIdle: idleKept}
 }
+
+// Format returns the cluster's log format: 1 until an OpSetFormat raised
+// it.
+func (s *State) Format() int { return max(s.format, 1) }
+
+// Records returns how many scope records the state keeps: held, with
+// waiters, or idle. From log format 2 on it stays within the scopes held
+// or waited for plus a few thousand, however many scopes were ever used.
+func (s *State) Records() int { return len(s.scopes) }
 
 // Apply applies one command and reports what it did. It is deterministic:
 // the same commands in the same order give the same state and results.
@@ -211,7 +261,65 @@ func (s *State) Apply(c Command) Result {
 			s.held.Delete(e.Scope)
 		}
 	}
+	if s.format >= 2 {
+		if c.Scope != "" {
+			s.settle(c.Scope)
+		}
+		for _, e := range r.Events {
+			s.settle(e.Scope)
+		}
+		s.trim()
+	}
 	return r
+}
+
+// settle puts the named scope in the line of idle records if it has
+// neither lease nor waiter, and takes it out if it has either.
+func (s *State) settle(name string) {
+	sc := s.scopes[name]
+	if sc == nil {
+		return
+	}
+	busy := !sc.droppable()
+	switch idle := sc.idleSeq(); {
+	case busy && idle != 0:
+		s.idle.Delete(idleScope{idle, name})
+		sc.more.idle = 0
+	case !busy && idle == 0:
+		s.idleSeq++
+		sc.grow().idle = s.idleSeq
+		s.idle.ReplaceOrInsert(idleScope{s.idleSeq, name})
+	}
+}
+
+// droppable reports whether the scope's record may be dropped once idle
+// long enough: it has no lease and no waiter, and its counter is not at
+// the maximum. An exhausted scope's record is kept for good: dropped, it
+// would raise the floor to the maximum and leave no token for any scope
+// created afterwards, where keeping it costs one record per scope that
+// ever issued 2^63-1 tokens.
+func (sc *scope) droppable() bool {
+	return sc.lease == nil && len(sc.waiters()) == 0 && sc.last < fence.MaxToken
+}
+
+// idleSeq returns the scope's place in the line of idle records, 0 if it
+// is not in it.
+func (sc *scope) idleSeq() uint64 {
+	if sc.more == nil {
+		return 0
+	}
+	return sc.more.idle
+}
+
+// trim drops the oldest idle records until keepIdle are left, raising the
+// floor to their counters first: the floor is what keeps a scope created
+// again under a dropped name from reusing a token.
+func (s *State) trim() {
+	for s.idle.Len() > s.keepIdle {
+		old, _ := s.idle.DeleteMin()
+		s.floor = max(s.floor, s.scopes[old.name].last)
+		delete(s.scopes, old.name)
+	}
 }
 
 func (s *State) apply(c Command) Result {
@@ -232,6 +340,8 @@ func (s *State) apply(c Command) Result {
 		return s.forgetNode(c)
 	case OpAddKey:
 		return s.addKey(c)
+	case OpSetFormat:
+		return s.setFormat(c)
 	default: // OpPromote
 		return s.promote()
 	}
@@ -240,7 +350,12 @@ func (s *State) apply(c Command) Result {
 func (s *State) acquire(c Command) Result {
 	sc := s.scopes[c.Scope]
 	if sc == nil {
-		sc = &scope{}
+		if s.floor >= fence.MaxToken {
+			return Result{Outcome: Exhausted, Scope: c.Scope} // and no record for it
+		}
+		// New, or dropped and forgotten: every token it may have had is
+		// at most the floor.
+		sc = &scope{last: s.floor}
 		s.scopes[c.Scope] = sc
 	}
 	if c.RequestID != "" {
@@ -414,10 +529,31 @@ func (s *State) cancel(c Command) Result {
 	return Result{Outcome: NoOp, Scope: c.Scope}
 }
 
+// setFormat raises the log format. Raising it to 2 puts every free scope
+// in the line of idle records, by name, and drops the oldest beyond
+// keepIdle, as if each had just become idle.
+func (s *State) setFormat(c Command) Result {
+	if c.Format <= s.Format() {
+		return Result{Outcome: NoOp}
+	}
+	from := s.Format()
+	s.format = c.Format
+	if from < 2 {
+		for _, name := range s.sortedScopes("") {
+			s.settle(name)
+		}
+		s.trim()
+	}
+	return Result{Outcome: NoOp}
+}
+
 func (s *State) promote() Result {
 	r := Result{Outcome: NoOp}
 	for _, name := range s.sortedScopes("") {
 		sc := s.scopes[name]
+		if len(sc.waiters()) == 0 {
+			continue
+		}
 		for _, w := range sc.waiters() {
 			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
 		}
@@ -465,12 +601,14 @@ func (s *State) Check(name string, id fence.LeaseID) Result {
 // ScopeInfo is what a query reports about one scope.
 type ScopeInfo struct {
 	Scope   string
-	Last    uint64 // highest token ever issued, 0 if never granted
+	Last    uint64 // highest token ever issued, 0 if never granted or its record was dropped
 	Lease   *Lease // the current lease, nil if free
 	Waiters int
 }
 
-// Get reports the state of one scope. A scope never acquired has Last 0.
+// Get reports the state of one scope. A scope never acquired, or idle so
+// long that its record was dropped, has Last 0; its next token is still
+// above every token it had.
 func (s *State) Get(name string) ScopeInfo {
 	sc := s.scopes[name]
 	if sc == nil {

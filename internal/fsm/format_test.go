@@ -1,0 +1,238 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence"
+)
+
+var setFormat2 = Command{Op: OpSetFormat, Format: 2}
+
+// TestScopeRecordsStayBounded acquires and releases a million distinct
+// scopes, once each, as a service that locks one scope per order does: the
+// records kept must not grow with them, and neither must the live heap.
+func TestScopeRecordsStayBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million scopes")
+	}
+	const n, every = 1_000_000, 100_000
+	s := New()
+	s.Apply(setFormat2)
+	var base uint64
+	id := fence.LeaseID{0: 0xb0}
+	for i := range n {
+		name := fmt.Sprintf("orders/%07d", i)
+		id[15], id[14], id[13] = byte(i), byte(i>>8), byte(i>>16)
+		r := s.Apply(Command{Op: OpAcquire, Scope: name, LeaseID: id, Holder: "worker", TTL: time.Minute, RequestID: name})
+		if r.Outcome != Granted {
+			t.Fatalf("acquire %s: %v", name, r.Outcome)
+		}
+		if r := s.Apply(Command{Op: OpRelease, Scope: name, LeaseID: id}); r.Outcome != Released {
+			t.Fatalf("release %s: %v", name, r.Outcome)
+		}
+		if got := s.Records(); got > idleKept {
+			t.Fatalf("after %d scopes, %d records are kept; at most %d idle ones should be", i+1, got, idleKept)
+		}
+		if (i+1)%every == 0 {
+			heap := liveHeap()
+			if base == 0 {
+				base = heap
+			}
+			t.Logf("%7d scopes: %5d records, live heap %6.2f MB", i+1, s.Records(), float64(heap)/(1<<20))
+			// The state's share of the heap is about a megabyte; the
+			// slack is for the runtime and the test itself.
+			if heap > base+4<<20 {
+				t.Fatalf("after %d scopes the live heap is %d bytes, %d more than after %d", i+1, heap, heap-base, every)
+			}
+		}
+	}
+	// The first scope was forgotten long ago; created again, it still
+	// starts above its old token.
+	if s.Get("orders/0000000").Last != 0 {
+		t.Fatal("the first scope's record was kept")
+	}
+	r := s.Apply(Command{Op: OpAcquire, Scope: "orders/0000000", LeaseID: fence.LeaseID{0: 0xc0}, TTL: time.Minute})
+	if r.Outcome != Granted || r.Lease.Token <= 1 {
+		t.Fatalf("acquire of a forgotten scope: %v, token %d; its token 1 was issued before", r.Outcome, r.Lease.Token)
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// TestFormat1KeepsEveryRecord: until the cluster's format is raised, a
+// state applies as the builds before format 2 did, and encodes as they
+// did, so that replicas of both builds stay equal during an upgrade.
+func TestFormat1KeepsEveryRecord(t *testing.T) {
+	s := New()
+	s.keepIdle = 0
+	for i := range 10 {
+		name := fmt.Sprintf("s/%d", i)
+		s.Apply(acquire(name, 1))
+		s.Apply(release(name, 1))
+	}
+	if s.Format() != 1 || s.Records() != 10 {
+		t.Fatalf("format %d, %d records; want format 1 keeping all 10", s.Format(), s.Records())
+	}
+	for _, field := range []string{`"format"`, `"floor"`, `"idle"`} {
+		if bytes.Contains(s.Snapshot(), []byte(field)) {
+			t.Errorf("a snapshot of format 1 has the field %s, which builds before format 2 refuse", field)
+		}
+	}
+	if r := s.Apply(setFormat2); r.Outcome != NoOp || s.Format() != 2 || s.Records() != 0 {
+		t.Fatalf("raised to format 2: %v, format %d, %d records; want every free record dropped", r.Outcome, s.Format(), s.Records())
+	}
+	if r := s.Apply(Command{Op: OpSetFormat, Format: 1}); r.Outcome != NoOp || s.Format() != 2 {
+		t.Fatalf("set_format 1 after 2: %v, format %d; the format is never lowered", r.Outcome, s.Format())
+	}
+}
+
+// TestOldSnapshotRaisedKeepsTokensAbove restores a snapshot written by the
+// encoder before format 2 (the golden file), raises the format, lets every
+// scope be forgotten, and acquires each again: every new token is above
+// every token the scope had.
+func TestOldSnapshotRaisedKeepsTokensAbove(t *testing.T) {
+	golden, err := os.ReadFile(filepath.Join("testdata", "snapshot-v1.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Restore(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Format() != 1 {
+		t.Fatalf("an old snapshot restores as format %d", s.Format())
+	}
+	s.keepIdle = 0
+	before := map[string]uint64{}
+	for _, name := range s.sortedScopes("") {
+		before[name] = s.Get(name).Last
+	}
+	s.Apply(setFormat2)
+	s.Apply(Command{Op: OpPromote}) // drops the waiters
+	for name, l := range s.Leases() {
+		s.Apply(Command{Op: OpExpire, Scope: name, Token: l.Token})
+	}
+	if s.Records() != 1 || s.Get("z/exhausted").Last != fence.MaxToken {
+		t.Fatalf("%d records kept with none held and none idle allowed; want only the exhausted scope's", s.Records())
+	}
+	for name, last := range before {
+		r := s.Apply(Command{Op: OpAcquire, Scope: name, LeaseID: fence.LeaseID{0: 0xd0}, TTL: time.Second})
+		if name == "z/exhausted" {
+			if r.Outcome != Exhausted {
+				t.Errorf("the exhausted scope acquires as %v", r.Outcome)
+			}
+			continue
+		}
+		if r.Outcome != Granted || r.Lease.Token <= last {
+			t.Errorf("%s: created again: %v with token %d, after token %d", name, r.Outcome, r.Lease.Token, last)
+		}
+	}
+}
+
+// TestSnapshotGoldenV2 pins the snapshot of format 2: its floor and its
+// line of idle scopes.
+func TestSnapshotGoldenV2(t *testing.T) {
+	path := filepath.Join("testdata", "snapshot-v2.golden")
+	s := richState(t)
+	s.keepIdle = 2
+	for _, c := range []Command{setFormat2, acquire("d", 8), release("d", 8), acquire("e", 9), release("e", 9)} {
+		if r := s.Apply(c); r.Outcome == Invalid {
+			t.Fatal(r.Err)
+		}
+	}
+	snap := s.Snapshot()
+	if *update {
+		if err := os.WriteFile(path, snap, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	golden, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(snap, golden) {
+		t.Errorf("the same commands now give the snapshot\n%s\nwant\n%s", snap, golden)
+	}
+	restored, err := Restore(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(restored.Snapshot(), golden) {
+		t.Errorf("the golden snapshot restores to a state that encodes as\n%s", restored.Snapshot())
+	}
+	// The line's order survives: the older idle scope goes first.
+	restored.keepIdle = 2
+	restored.Apply(acquire("f", 10))
+	restored.Apply(release("f", 10))
+	if restored.Get("d").Last != 0 || restored.Get("e").Last == 0 {
+		t.Errorf("after one more idle scope, d kept: %v, e kept: %v; want d dropped first", restored.Get("d").Last != 0, restored.Get("e").Last != 0)
+	}
+}
+
+func TestRestoreRefusesBadFormat(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"scopes":[],"format":3}`, "log format 3"},
+		{`{"scopes":[],"format":1}`, "format 1 is written as no format"},
+		{`{"scopes":[],"floor":5}`, "log format 1"},
+		{`{"scopes":[{"scope":"a","last":1}],"format":2}`, "1 free"},
+		{`{"scopes":[],"format":2,"idle":["a"]}`, "no record"},
+		{`{"scopes":[{"scope":"a","last":1}],"format":2,"idle":["a","a"]}`, "twice"},
+		{`{"scopes":[{"scope":"a","last":1,"lease":{"token":1,"id":"f0000000000000000000000000000001","ttl":1}}],"format":2,"idle":["a"]}`, "held"},
+		{`{"scopes":[{"scope":"a","last":9223372036854775807}],"format":2,"idle":["a"]}`, "exhausted"},
+		{`{"scopes":[],"format":2,"floor":9223372036854775808}`, "floor"},
+	} {
+		_, err := Restore(frame(tc.body))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Restore(%s) = %v, want an error about %q", tc.body, err, tc.want)
+		}
+	}
+	if _, err := Restore(frame(`{"scopes":[],"format":3}`)); !errors.Is(err, ErrUnknownEntry) {
+		t.Errorf("a snapshot of a newer format: %v, want ErrUnknownEntry", err)
+	}
+}
+
+// TestDecodeCommandUnknownEntry: what a newer build or corruption wrote is
+// told apart from a malformed command of a known kind, which every build
+// refuses alike.
+func TestDecodeCommandUnknownEntry(t *testing.T) {
+	for _, in := range []string{
+		`{"op":"set_format","format":3}`,
+		`{"op":"acquire_shared","scope":"a"}`,
+		`{"op":"release","scope":"a","lease_id":"f0000000000000000000000000000001","fence_v3":true}`,
+		`{"op":"promote"} {"op":"promote"}`,
+		`{"op":"promote"`,
+		`null`,
+		"\x00\x01",
+	} {
+		if _, err := DecodeCommand([]byte(in)); !errors.Is(err, ErrUnknownEntry) {
+			t.Errorf("DecodeCommand(%q) = %v, want ErrUnknownEntry", in, err)
+		}
+	}
+	for _, in := range []string{
+		`{"op":"set_format","format":0}`,
+		`{"op":"acquire","scope":"a","lease_id":"f0000000000000000000000000000001","ttl":-1}`,
+		`{"op":"expire","scope":"a"}`,
+	} {
+		if _, err := DecodeCommand([]byte(in)); err == nil || errors.Is(err, ErrUnknownEntry) || !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("DecodeCommand(%q) = %v, want an invalid command, not an unknown entry", in, err)
+		}
+	}
+	for f := 1; f <= LogFormat; f++ {
+		if _, err := DecodeCommand(Command{Op: OpSetFormat, Format: f}.Encode()); err != nil {
+			t.Errorf("set_format %d: %v", f, err)
+		}
+	}
+}
