@@ -18,7 +18,10 @@ import (
 )
 
 // TestMain checks that every test closes the pools it opens.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	skipExamplesWithoutServer() // example_server_test.go
+	goleak.VerifyTestMain(m)
+}
 
 var ctx = context.Background()
 

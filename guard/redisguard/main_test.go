@@ -7,4 +7,7 @@ import (
 )
 
 // TestMain checks that every test closes the go-redis clients it opens.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	skipExamplesWithoutServer() // example_server_test.go
+	goleak.VerifyTestMain(m)
+}
