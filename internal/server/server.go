@@ -59,10 +59,14 @@ type Server struct {
 	leaderGen chan struct{} // closed when the leader changes
 	opened    chan struct{} // closed once Start has set node
 
-	mu         sync.Mutex // guards stopExpiry
+	mu         sync.Mutex // guards stopExpiry, and ready's changes with it
 	stopExpiry context.CancelFunc
 	stopJoin   context.CancelFunc
 	bg         sync.WaitGroup
+
+	// beforeReady, when set by a test, runs when a new leader has taken
+	// office and is about to serve.
+	beforeReady func()
 }
 
 // Start opens the data directory, starts Raft and serves the API on
@@ -204,18 +208,12 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) close(ctx context.Context) error {
-	s.ready.Store(false)
+	s.leaveOffice()
 	s.events.close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
 	if err != nil {
 		s.http.Close()
 	}
-	s.mu.Lock()
-	if s.stopExpiry != nil {
-		s.stopExpiry()
-		s.stopExpiry = nil
-	}
-	s.mu.Unlock()
 	if s.stopJoin != nil {
 		s.stopJoin()
 	}
@@ -248,11 +246,7 @@ func Run(ctx context.Context, cfg Config) error {
 func (s *Server) onLeader(leader bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ready.Store(false)
-	if s.stopExpiry != nil {
-		s.stopExpiry()
-		s.stopExpiry = nil
-	}
+	s.leaveOfficeLocked()
 	if !leader {
 		s.log.Info("lost leadership")
 		return
@@ -286,6 +280,23 @@ func (s *Server) onLeader(leader bool) {
 	}()
 }
 
+// leaveOffice stops serving as leader and ends the office's expiry loop.
+func (s *Server) leaveOffice() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaveOfficeLocked()
+}
+
+// leaveOfficeLocked clears ready and cancels the office together, under
+// s.mu, where takeOffice checks its context and sets ready.
+func (s *Server) leaveOfficeLocked() {
+	s.ready.Store(false)
+	if s.stopExpiry != nil {
+		s.stopExpiry()
+		s.stopExpiry = nil
+	}
+}
+
 func (s *Server) takeOffice(ctx context.Context) error {
 	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -307,6 +318,13 @@ func (s *Server) takeOffice(ctx context.Context) error {
 		return fmt.Errorf("create the token-signing key: %w", err)
 	}
 	s.node.Read(func(st *fsm.State) { s.owners.reset(st.Leases()) })
+	if s.beforeReady != nil {
+		s.beforeReady()
+	}
+	// Leaving office cancels ctx under s.mu: checked under it too, a
+	// deposed office cannot make the node ready after it was cleared.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
