@@ -81,9 +81,10 @@ type Store interface {
 // A Repeater is a Store whose Fence may call apply more than once for one
 // write; only the effects of the last call are kept. boltguard's batched
 // store is one: it commits concurrent writes in one transaction, and runs
-// them again when one of them fails. Adapters that run a step inside apply
-// that cannot simply run twice (httpguard reads a request body there) ask
-// Guard.Repeats and prepare for it.
+// them again when one of them fails. Adapters that run a caller's handler
+// inside apply ask Guard.Repeats, refuse such a store unless the caller
+// opted in (httpguard.WithRepeats, grpcguard.WithRepeats), and prepare
+// for it (httpguard reads a request body there).
 type Repeater interface {
 	Store
 	RepeatsApply() bool

@@ -115,7 +115,13 @@ func resourceCmd(args []string) error {
 		var h http.Handler = opHandler(b, !*noFence)
 		if !*noFence {
 			g := guard.New(b.fences(), guard.WithStrictSequence(), guard.WithLogger(log))
-			h = httpguard.Middleware(g, "", httpguard.WithAllMethods(), httpguard.WithScopeFunc(scopeOf))(h)
+			// WithRepeats for the bolt/ scopes' Batched store: opHandler
+			// changes nothing but the store's transaction.
+			fenced, err := httpguard.Middleware(g, "", httpguard.WithAllMethods(), httpguard.WithRepeats(), httpguard.WithScopeFunc(scopeOf))
+			if err != nil {
+				return err
+			}
+			h = fenced(h)
 		}
 		mux.Handle("POST /op/"+name+"/", h)
 		mux.HandleFunc("GET /value/"+name+"/", func(w http.ResponseWriter, r *http.Request) {

@@ -91,7 +91,7 @@ type register struct {
 	srv   *httptest.Server
 }
 
-func newRegister(store registerStore, guarded bool) *register {
+func newRegister(store registerStore, guarded bool) (*register, error) {
 	r := &register{store: store}
 	put := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
@@ -102,10 +102,14 @@ func newRegister(store registerStore, guarded bool) *register {
 	var h http.Handler = put
 	if guarded {
 		g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)))
-		h = httpguard.Middleware(g, "", httpguard.WithScopeFunc(scopeOf))(put)
+		fenced, err := httpguard.Middleware(g, "", httpguard.WithScopeFunc(scopeOf))
+		if err != nil {
+			return nil, err
+		}
+		h = fenced(put)
 	}
 	r.srv = httptest.NewServer(h)
-	return r
+	return r, nil
 }
 
 func scopeOf(req *http.Request) string { return strings.TrimPrefix(req.URL.Path, "/") }
@@ -257,7 +261,11 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 	if err != nil {
 		return false, err
 	}
-	reg := newRegister(store, guarded)
+	reg, err := newRegister(store, guarded)
+	if err != nil {
+		store.close()
+		return false, err
+	}
 	defer reg.close()
 	scope := fmt.Sprintf("demo/%s-%v", story, map[bool]string{true: "guarded", false: "unguarded"}[guarded])
 	mode := "guard ON"

@@ -192,7 +192,11 @@ func TestExecHelpClaims(t *testing.T) {
 				opts = append(opts, guard.WithVerifier(keys))
 			}
 			g := guard.New(guard.NewMemoryStore(), opts...)
-			h := httpguard.Middleware(g, "help/"+tc.version)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fenced, err := httpguard.Middleware(g, "help/"+tc.version)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := fenced(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusNoContent)
 			}))
 			req := httptest.NewRequest(http.MethodPost, "/", nil)

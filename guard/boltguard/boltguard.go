@@ -16,7 +16,8 @@
 // file are serialised, each Update with its own fsync. Many concurrent
 // writers should use UpdateBatch, which commits them together; behind
 // httpguard or grpcguard's unary interceptor, give the guard the Batched
-// store for the same effect. The marks live in the bucket named by Bucket;
+// store for the same effect, and the adapter its WithRepeats option to
+// say that the handlers allow being run again. The marks live in the bucket named by Bucket;
 // do not write to it.
 package boltguard
 
@@ -198,9 +199,10 @@ func (s *Store) Fence(ctx context.Context, w guard.Write, strict bool, apply fun
 // concurrent writes together, through UpdateBatch. Its apply may run more
 // than once, and only its last run's writes to the transaction are kept:
 // apply must change nothing but the transaction, and answer nothing until
-// Fence has returned. It is a guard.Repeater, so httpguard and grpcguard's
-// unary interceptor prepare their handlers for it; a gRPC stream cannot be
-// fenced over it.
+// Fence has returned. It is a guard.Repeater, which httpguard and
+// grpcguard's unary interceptor accept only with their WithRepeats option,
+// and then prepare their handlers for; a gRPC stream cannot be fenced over
+// it.
 func (s *Store) Batched() guard.Store { return batched{s} }
 
 type batched struct{ s *Store }

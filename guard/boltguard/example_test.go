@@ -43,7 +43,13 @@ func ExampleStore_Batched() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("PUT /orders/{id}", httpguard.Middleware(guard.New(store.Batched()), "orders")(save))
+	// The Batched store may run save more than once, which it allows: it
+	// reads the body afresh and changes nothing but tx.
+	fenced, err := httpguard.Middleware(guard.New(store.Batched()), "orders", httpguard.WithRepeats())
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux.Handle("PUT /orders/{id}", fenced(save))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

@@ -22,23 +22,37 @@ import (
 	"github.com/fence-dev/fence/guard/internal/rerun"
 )
 
-// TestStreamsRefuseARepeatingStore: a store that may run a handler again
-// (boltguard's Batched) cannot fence a stream, whose messages cannot be
-// received twice; building the interceptor says so at once.
-func TestStreamsRefuseARepeatingStore(t *testing.T) {
+// TestRepeatingStoreNeedsOptIn: a store that may run a handler again
+// (boltguard's Batched) fences unary calls only with WithRepeats, and
+// never a stream, whose messages cannot be received twice; building the
+// interceptor says so at once, naming the store. A store that runs each
+// handler once needs no option.
+func TestRepeatingStoreNeedsOptIn(t *testing.T) {
 	s, err := boltguard.Open(filepath.Join(t.TempDir(), "g.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	scope := grpcguard.Methods("orders", "/shop.v1.Orders/Import")
-	grpcguard.StreamServerInterceptor(guard.New(s), scope) // runs each handler once: accepted
-	defer func() {
-		if p, _ := recover().(string); !strings.Contains(p, "Batched") {
-			t.Fatalf("StreamServerInterceptor over the Batched store: panic %q, want one that names the store", p)
+	scope := grpcguard.Methods("orders", "/shop.v1.Orders/Put", "/shop.v1.Orders/Import")
+	once, batched := guard.New(s), guard.New(s.Batched())
+	if _, err := grpcguard.UnaryServerInterceptor(once, scope); err != nil {
+		t.Errorf("UnaryServerInterceptor over the Store: %v", err)
+	}
+	if _, err := grpcguard.StreamServerInterceptor(once, scope); err != nil {
+		t.Errorf("StreamServerInterceptor over the Store: %v", err)
+	}
+	if i, err := grpcguard.UnaryServerInterceptor(batched, scope); i != nil || err == nil ||
+		!strings.Contains(err.Error(), "Batched") || !strings.Contains(err.Error(), "WithRepeats") {
+		t.Errorf("UnaryServerInterceptor over the Batched store without WithRepeats: %v; want an error naming the store and WithRepeats", err)
+	}
+	if _, err := grpcguard.UnaryServerInterceptor(batched, scope, grpcguard.WithRepeats()); err != nil {
+		t.Errorf("UnaryServerInterceptor over the Batched store with WithRepeats: %v", err)
+	}
+	for _, opts := range [][]grpcguard.Option{nil, {grpcguard.WithRepeats()}} {
+		if i, err := grpcguard.StreamServerInterceptor(batched, scope, opts...); i != nil || err == nil || !strings.Contains(err.Error(), "Batched") {
+			t.Errorf("StreamServerInterceptor over the Batched store with %d options: %v; want an error naming the store", len(opts), err)
 		}
-	}()
-	grpcguard.StreamServerInterceptor(guard.New(s.Batched()), scope)
+	}
 }
 
 // runStamper's UnaryCall stores, under the key in the payload, the number
@@ -74,7 +88,7 @@ func TestUnaryOverBatchedStore(t *testing.T) {
 	}
 	defer s.Close()
 	var runs atomic.Int64
-	c := serveUnary(t, guard.New(s.Batched()), runStamper{runs: &runs})
+	c := serveUnary(t, guard.New(s.Batched()), runStamper{runs: &runs}, grpcguard.WithRepeats())
 	stop := rerun.Force(s)
 	defer stop()
 	const callers, calls = 16, 40

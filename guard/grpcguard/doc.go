@@ -7,10 +7,20 @@
 //
 //	g := guard.New(store, guard.WithObserver(metrics.Observer("grpc")))
 //	orders := grpcguard.Methods("orders", "/shop.v1.Orders/Put", "/shop.v1.Orders/Import")
-//	srv := grpc.NewServer(
-//		grpc.ChainUnaryInterceptor(grpcguard.UnaryServerInterceptor(g, orders)),
-//		grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, orders)),
-//	)
+//	unary, err := grpcguard.UnaryServerInterceptor(g, orders)
+//	if err != nil {
+//		return err
+//	}
+//	stream, err := grpcguard.StreamServerInterceptor(g, orders)
+//	if err != nil {
+//		return err
+//	}
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+//
+// A store that may run a handler more than once (boltguard's Batched
+// store, which commits concurrent writes together) is refused unless the
+// unary interceptor is given WithRepeats, and always by the stream
+// interceptor.
 //
 // A call carries its lease's token in the fencing-token metadata (the
 // token's text form, "fence:v1:orders:42") and optionally a sequence

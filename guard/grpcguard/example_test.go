@@ -7,6 +7,8 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -18,6 +20,7 @@ import (
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/boltguard"
 	"github.com/fence-dev/fence/guard/grpcguard"
 )
 
@@ -54,7 +57,11 @@ func Example() {
 	// The service fences its writes with a guard.
 	g := guard.New(guard.NewMemoryStore(), guard.WithLogger(slog.New(slog.DiscardHandler)))
 	scope := grpcguard.Methods("orders", "/grpc.testing.TestService/UnaryCall")
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcguard.UnaryServerInterceptor(g, scope)))
+	fenced, err := grpcguard.UnaryServerInterceptor(g, scope)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(fenced))
 	svc := &orders{}
 	testgrpc.RegisterTestServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -108,4 +115,36 @@ func Example() {
 	// lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 2
 	// grpcguard: /grpc.testing.TestService/UnaryCall not sent: lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 2
 	// stored: B's order
+}
+
+// boltguard's Batched store may run a handler more than once, so the
+// unary interceptor accepts it only with WithRepeats, and the stream
+// interceptor not at all.
+func ExampleWithRepeats() {
+	dir, err := os.MkdirTemp("", "grpcguard")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	store, err := boltguard.Open(filepath.Join(dir, "orders.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	g := guard.New(store.Batched())
+	scope := grpcguard.Methods("orders", "/shop.v1.Orders/Put")
+
+	if _, err := grpcguard.UnaryServerInterceptor(g, scope); err != nil {
+		fmt.Println("unary without WithRepeats: refused")
+	}
+	if _, err := grpcguard.UnaryServerInterceptor(g, scope, grpcguard.WithRepeats()); err == nil {
+		fmt.Println("unary with WithRepeats: accepted")
+	}
+	if _, err := grpcguard.StreamServerInterceptor(g, scope, grpcguard.WithRepeats()); err != nil {
+		fmt.Println("stream: refused")
+	}
+	// Output:
+	// unary without WithRepeats: refused
+	// unary with WithRepeats: accepted
+	// stream: refused
 }

@@ -140,6 +140,28 @@ type counter struct{ accepted, rejected atomic.Int64 }
 func (c *counter) Accepted(string)            { c.accepted.Add(1) }
 func (c *counter) Rejected(*guard.StaleError) { c.rejected.Add(1) }
 
+// mustUnary is grpcguard.UnaryServerInterceptor for a test, which fails
+// if it does.
+func mustUnary(t testing.TB, g *guard.Guard, scope grpcguard.ScopeFunc, opts ...grpcguard.Option) grpc.UnaryServerInterceptor {
+	t.Helper()
+	i, err := grpcguard.UnaryServerInterceptor(g, scope, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return i
+}
+
+// mustStream is grpcguard.StreamServerInterceptor for a test, which fails
+// if it does.
+func mustStream(t testing.TB, g *guard.Guard, scope grpcguard.ScopeFunc, opts ...grpcguard.Option) grpc.StreamServerInterceptor {
+	t.Helper()
+	i, err := grpcguard.StreamServerInterceptor(g, scope, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return i
+}
+
 // newServer serves a register fenced by a fresh guard on loopback and
 // returns its address.
 func newServer(t testing.TB) (string, *register, *counter) {
@@ -148,8 +170,8 @@ func newServer(t testing.TB) (string, *register, *counter) {
 	obs := &counter{}
 	g := guard.New(guard.NewMemoryStore(), guard.WithObserver(obs), guard.WithLogger(slog.New(slog.DiscardHandler)))
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcguard.UnaryServerInterceptor(g, scopeOf)),
-		grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, scopeOf)),
+		grpc.ChainUnaryInterceptor(mustUnary(t, g, scopeOf)),
+		grpc.ChainStreamInterceptor(mustStream(t, g, scopeOf)),
 	)
 	testgrpc.RegisterTestServiceServer(srv, reg)
 	return serve(t, srv), reg, obs
@@ -157,9 +179,9 @@ func newServer(t testing.TB) (string, *register, *counter) {
 
 // serveUnary serves svc on loopback with g fencing its UnaryCall in the
 // scope "orders", and returns a client of it.
-func serveUnary(t testing.TB, g *guard.Guard, svc testgrpc.TestServiceServer) testgrpc.TestServiceClient {
+func serveUnary(t testing.TB, g *guard.Guard, svc testgrpc.TestServiceServer, opts ...grpcguard.Option) testgrpc.TestServiceClient {
 	t.Helper()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcguard.UnaryServerInterceptor(g, grpcguard.Methods("orders", unaryMethod))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(mustUnary(t, g, grpcguard.Methods("orders", unaryMethod), opts...)))
 	testgrpc.RegisterTestServiceServer(srv, svc)
 	return dial(t, serve(t, srv))
 }

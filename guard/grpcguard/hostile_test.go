@@ -25,8 +25,8 @@ func newStoreServer(t testing.TB) (string, *register, *guard.MemoryStore) {
 	store := guard.NewMemoryStore()
 	g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)))
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpcguard.UnaryServerInterceptor(g, scopeOf)),
-		grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, scopeOf)),
+		grpc.ChainUnaryInterceptor(mustUnary(t, g, scopeOf)),
+		grpc.ChainStreamInterceptor(mustStream(t, g, scopeOf)),
 	)
 	testgrpc.RegisterTestServiceServer(srv, reg)
 	return serve(t, srv), reg, store

@@ -71,8 +71,8 @@ func TestFailedHandlerRollsBack(t *testing.T) {
 			g := guard.New(st.Store, guard.WithStrictSequence(), guard.WithLogger(slog.New(slog.DiscardHandler)))
 			rows := grpcguard.Methods("rows", unaryMethod, streamMethod)
 			srv := grpc.NewServer(
-				grpc.ChainUnaryInterceptor(grpcguard.UnaryServerInterceptor(g, rows)),
-				grpc.ChainStreamInterceptor(grpcguard.StreamServerInterceptor(g, rows)),
+				grpc.ChainUnaryInterceptor(mustUnary(t, g, rows)),
+				grpc.ChainStreamInterceptor(mustStream(t, g, rows)),
 			)
 			testgrpc.RegisterTestServiceServer(srv, rowWriter{st: st})
 			c := dial(t, serve(t, srv))

@@ -2,6 +2,7 @@ package grpcguard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -34,8 +35,19 @@ func WithMetadataKey(key string) Option {
 	return optionFunc(func(c *config) { c.key = strings.ToLower(key) })
 }
 
+// WithRepeats lets UnaryServerInterceptor accept a guard whose store may
+// run a handler more than once for one call (a guard.Repeater, such as
+// boltguard's Batched store). Give it only when every fenced handler
+// changes nothing but the store's transaction: only the last run's writes
+// and answer are kept, but a side effect elsewhere (a call to another
+// service, a message sent) happens once per run. Without it,
+// UnaryServerInterceptor refuses such a guard. StreamServerInterceptor
+// refuses one in any case, and the client interceptors ignore it.
+func WithRepeats() Option { return optionFunc(func(c *config) { c.repeats = true }) }
+
 type config struct {
-	key string
+	key     string
+	repeats bool // WithRepeats
 }
 
 func newConfig(opts []Option) *config {
@@ -63,12 +75,17 @@ func Methods(scope string, fullMethods ...string) ScopeFunc {
 
 // UnaryServerInterceptor returns an interceptor that runs the handlers of
 // the methods scope fences inside g's fenced section for their scope, if
-// the call's token is current. It is safe for concurrent use. Over a store
-// that may run the handler more than once (a guard.Repeater), only the last
-// run's answer is returned, and a handler must have no effect outside the
-// store's transaction.
-func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.UnaryServerInterceptor {
+// the call's token is current. The interceptor is safe for concurrent use.
+// It fails if g's store may run a handler more than once (a
+// guard.Repeater) and WithRepeats is not given; with it, only the last
+// run's answer is returned.
+func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	c := newConfig(opts)
+	if g.Repeats() && !c.repeats {
+		return nil, errors.New("grpcguard: the guard's store may run a handler more than once for one call " +
+			"(a guard.Repeater, such as boltguard's Batched store); give grpcguard.WithRepeats() if every fenced " +
+			"handler changes nothing but the store's transaction, or use a store that runs it once")
+	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		s, ok := scope(ctx, info.FullMethod)
 		if !ok {
@@ -81,18 +98,21 @@ func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grp
 			return err
 		})
 		return resp, err
-	}
+	}, nil
 }
 
 // StreamServerInterceptor returns an interceptor that runs the handlers of
 // the streams scope fences, from their start to their end, inside g's
-// fenced section for their scope, if the stream's token is current. It is
-// safe for concurrent use. It panics if g's store may run a handler more
-// than once (a guard.Repeater, such as boltguard's Batched store): a
-// stream's messages cannot be received again.
-func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) grpc.StreamServerInterceptor {
+// fenced section for their scope, if the stream's token is current. The
+// interceptor is safe for concurrent use. It fails if g's store may run a
+// handler more than once (a guard.Repeater, such as boltguard's Batched
+// store), WithRepeats or not: a stream's messages cannot be received
+// again.
+func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) (grpc.StreamServerInterceptor, error) {
 	if g.Repeats() {
-		panic("grpcguard: a stream cannot be fenced over a store that repeats apply (such as boltguard's Batched store); fence streams over a store that runs it once")
+		return nil, errors.New("grpcguard: a stream cannot be fenced over a store that may run its handler more than once " +
+			"(a guard.Repeater, such as boltguard's Batched store): its messages cannot be received again; " +
+			"fence streams with a guard over a store that runs it once")
 	}
 	c := newConfig(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -103,7 +123,7 @@ func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) gr
 		return c.fence(ss.Context(), g, s, func(ctx context.Context) error {
 			return handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
 		})
-	}
+	}, nil
 }
 
 // serverStream hands the handler the context of the fenced section, which

@@ -20,6 +20,28 @@ import (
 	"github.com/fence-dev/fence/guard/internal/rerun"
 )
 
+// TestRepeatingStoreNeedsOptIn: Middleware refuses a guard whose store
+// may run a handler more than once (boltguard's Batched), with an error
+// that names the option that accepts it, and accepts it with that option.
+// A store that runs each handler once needs no option.
+func TestRepeatingStoreNeedsOptIn(t *testing.T) {
+	store, err := boltguard.Open(filepath.Join(t.TempDir(), "data.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if _, err := httpguard.Middleware(guard.New(store), "orders"); err != nil {
+		t.Errorf("Middleware over the Store, which runs each handler once: %v", err)
+	}
+	m, err := httpguard.Middleware(guard.New(store.Batched()), "orders")
+	if m != nil || err == nil || !strings.Contains(err.Error(), "WithRepeats") || !strings.Contains(err.Error(), "Batched") {
+		t.Errorf("Middleware over the Batched store without WithRepeats: %v; want an error naming the store and WithRepeats", err)
+	}
+	if _, err := httpguard.Middleware(guard.New(store.Batched()), "orders", httpguard.WithRepeats()); err != nil {
+		t.Errorf("Middleware over the Batched store with WithRepeats: %v", err)
+	}
+}
+
 // TestBatchedStoreRunsHandlersAgain: over boltguard's Batched store, a
 // write that fails in a shared transaction makes bbolt run the others
 // again. A handler run again must read the whole request body again, and
@@ -60,7 +82,7 @@ func TestBatchedStoreRunsHandlersAgain(t *testing.T) {
 		fmt.Fprintf(w, "stored %d bytes", len(body))
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /write/{scope}", httpguard.Middleware(guard.New(store.Batched()), "",
+	mux.Handle("POST /write/{scope}", mustMiddleware(t, guard.New(store.Batched()), "", httpguard.WithRepeats(),
 		httpguard.WithScopeFunc(func(r *http.Request) string { return r.PathValue("scope") }))(write))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()

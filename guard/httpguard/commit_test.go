@@ -32,7 +32,7 @@ func TestFailedCommitIsNotAcknowledged(t *testing.T) {
 		io.WriteString(w, "created\n")
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders/{id}", httpguard.Middleware(guard.New(store), "orders")(order))
+	mux.Handle("POST /orders/{id}", mustMiddleware(t, guard.New(store), "orders")(order))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	post := func(id, customer, token string) (*http.Response, string) {

@@ -22,10 +22,10 @@ type guarded struct {
 	calls int
 }
 
-func newGuarded() *guarded {
+func newGuarded(t testing.TB) *guarded {
 	gd := &guarded{store: guard.NewMemoryStore()}
 	g := guard.New(gd.store, guard.WithLogger(slog.New(slog.DiscardHandler)))
-	gd.h = httpguard.Middleware(g, "orders")(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	gd.h = mustMiddleware(t, g, "orders")(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gd.calls++
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -53,7 +53,7 @@ func one(v string) []string { return []string{v} }
 // run and the mark does not move; tokens beyond float64's exact integers
 // are ordered exactly.
 func TestHostileHeaders(t *testing.T) {
-	gd := newGuarded()
+	gd := newGuarded(t)
 	srv := httptest.NewServer(gd.h)
 	t.Cleanup(srv.Close)
 	send := func(t *testing.T, h headers) (int, httpguard.Problem) {
@@ -170,7 +170,7 @@ func FuzzHeaders(f *testing.F) {
 		f.Add(s.token, s.seq, s.seqSet)
 	}
 	f.Fuzz(func(t *testing.T, token, seq string, seqSet bool) {
-		gd := newGuarded()
+		gd := newGuarded(t)
 		start := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, "/", nil)
 		headers{one("fence:v1:orders:5"), one("3")}.set(req)

@@ -5,8 +5,11 @@
 //
 // Server side, fence the handlers that write:
 //
-//	g := guard.New(store)
-//	mux.Handle("POST /orders/", httpguard.Middleware(g, "orders")(ordersHandler))
+//	fenced, err := httpguard.Middleware(guard.New(store), "orders")
+//	if err != nil {
+//		return err
+//	}
+//	mux.Handle("POST /orders/", fenced(ordersHandler))
 //
 // A request carries its lease's token in the Fencing-Token header (the
 // token's text form, "fence:v1:orders:42") and optionally a sequence number
@@ -50,7 +53,9 @@
 // keeps only the last run's writes, so only the last run's answer is sent,
 // and each run reads the request body from its start: what the handler
 // read of it is kept in memory until the request ends. Over such a store a
-// handler must have no effect outside the store's transaction.
+// handler must have no effect outside the store's transaction, which is
+// why Middleware refuses one unless WithRepeats says the handlers are
+// written for it.
 package httpguard
 
 import (
@@ -109,23 +114,40 @@ func WithScopeFunc(f func(*http.Request) string) Option {
 // WithAllMethods fences every request, reads included.
 func WithAllMethods() Option { return optionFunc(func(m *middleware) { m.all = true }) }
 
+// WithRepeats accepts a guard whose store may run a handler more than
+// once for one request (a guard.Repeater, such as boltguard's Batched
+// store). Give it only when every handler behind the middleware changes
+// nothing but the store's transaction: each run reads the request body
+// from its start, and only the last run's writes and answer are kept, but
+// a side effect elsewhere (a call to another service, a message sent)
+// happens once per run. Without it, Middleware refuses such a guard.
+func WithRepeats() Option { return optionFunc(func(m *middleware) { m.repeatsOK = true }) }
+
 type middleware struct {
-	g       *guard.Guard
-	repeats bool // g's store may run a handler more than once
-	header  string
-	scopeOf func(*http.Request) string
-	all     bool
+	g         *guard.Guard
+	repeats   bool // g's store may run a handler more than once
+	repeatsOK bool // and the caller said its handlers allow it
+	header    string
+	scopeOf   func(*http.Request) string
+	all       bool
 }
 
-// Middleware returns a middleware that fences requests to scope with g.
-func Middleware(g *guard.Guard, scope string, opts ...Option) func(http.Handler) http.Handler {
+// Middleware returns a middleware that fences requests to scope with g. It
+// fails if g's store may run a handler more than once and WithRepeats is
+// not given. The middleware is safe for concurrent use.
+func Middleware(g *guard.Guard, scope string, opts ...Option) (func(http.Handler) http.Handler, error) {
 	m := &middleware{g: g, repeats: g.Repeats(), header: TokenHeader, scopeOf: func(*http.Request) string { return scope }}
 	for _, o := range opts {
 		o.apply(m)
 	}
+	if m.repeats && !m.repeatsOK {
+		return nil, errors.New("httpguard: the guard's store may run a handler more than once for one request " +
+			"(a guard.Repeater, such as boltguard's Batched store); give httpguard.WithRepeats() if every handler " +
+			"changes nothing but the store's transaction, or use a store that runs it once")
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
-	}
+	}, nil
 }
 
 func safe(method string) bool {

@@ -32,6 +32,17 @@ type register struct {
 	calls atomic.Int64
 }
 
+// mustMiddleware is httpguard.Middleware for a test, which fails if
+// Middleware does.
+func mustMiddleware(t testing.TB, g *guard.Guard, scope string, opts ...httpguard.Option) func(http.Handler) http.Handler {
+	t.Helper()
+	m, err := httpguard.Middleware(g, scope, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func newServer(t *testing.T, opts ...httpguard.Option) (*httptest.Server, *register) {
 	t.Helper()
 	reg := &register{value: map[string]string{}, log: map[string][]uint64{}}
@@ -48,7 +59,7 @@ func newServer(t *testing.T, opts ...httpguard.Option) (*httptest.Server, *regis
 		w.WriteHeader(http.StatusNoContent)
 	})
 	opts = append(opts, httpguard.WithScopeFunc(func(r *http.Request) string { return strings.TrimPrefix(r.URL.Path, "/") }))
-	srv := httptest.NewServer(httpguard.Middleware(g, "", opts...)(h))
+	srv := httptest.NewServer(mustMiddleware(t, g, "", opts...)(h))
 	t.Cleanup(srv.Close)
 	return srv, reg
 }

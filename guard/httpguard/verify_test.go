@@ -23,7 +23,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 	store := guard.NewMemoryStore()
 	g := guard.New(store, guard.WithVerifier(signing.NewKeySet(key.Public())), guard.WithLogger(slog.New(slog.DiscardHandler)))
 	var ran atomic.Int64
-	srv := httptest.NewServer(httpguard.Middleware(g, "orders")(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(mustMiddleware(t, g, "orders")(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran.Add(1)
 		w.WriteHeader(http.StatusNoContent)
 	})))
