@@ -186,6 +186,9 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 	if err := n.reachable(id, raftAddr); err != nil {
 		return err
 	}
+	if err := n.knowsFormat(id, raftAddr); err != nil {
+		return err
+	}
 	r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetNode, Node: id, Addr: apiAddr})
 	if err != nil {
 		return err

@@ -6,6 +6,16 @@
 // one code path for one node and many. Without a Raft address the node talks
 // to no one and uses an in-memory transport; with one, peers reach it over
 // TCP.
+//
+// A node applies only log entries its build understands. When it meets one
+// it does not (fsm.ErrUnknownEntry: the cluster's log format was raised by
+// a newer build, or the entry is corrupt), it logs an error and panics with
+// a *HaltError, so the process stops before that entry, and again after
+// every restart, until it runs a build that knows it; applying the entry
+// differently from the other replicas, or not at all, would make this one
+// hand out other tokens than they do. The leader raises the log format
+// only once every member says, over the Raft transport, that its build
+// knows the new one; see format.go and docs/upgrade.md.
 package raftnode
 
 import (
@@ -225,9 +235,24 @@ func Open(cfg Config) (*Node, error) {
 
 func (n *Node) watchLeadership() {
 	defer n.wg.Done()
+	stop := func() {}
+	defer func() { stop() }()
 	for {
 		select {
 		case leader := <-n.notify:
+			// Not waited for: a deposed leader must hear of it at once.
+			stop()
+			if leader {
+				ctx, cancel := context.WithCancel(context.Background())
+				n.wg.Add(1)
+				go func() {
+					defer n.wg.Done()
+					n.raiseFormat(ctx)
+				}()
+				stop = cancel
+			} else {
+				stop = func() {}
+			}
 			if n.cfg.OnLeader != nil {
 				n.cfg.OnLeader(leader)
 			}
@@ -345,9 +370,13 @@ func (m *machine) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		c, err := fsm.DecodeCommand(l.Data)
+		if errors.Is(err, fsm.ErrUnknownEntry) {
+			m.mu.Unlock()
+			m.halt(l, err)
+		}
 		if err != nil {
-			// Only a bug or a corrupt log gets here; refusing the entry
-			// changes nothing, which keeps every replica equal.
+			// A known command, malformed: every build that knows it
+			// refuses it alike, which keeps every replica equal.
 			out[i] = fsm.Result{Outcome: fsm.Invalid, Err: err}
 			continue
 		}

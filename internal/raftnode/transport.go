@@ -52,6 +52,16 @@ func listen(bind, advertise string, tc *tls.Config) (*tcpLayer, error) {
 
 func (l *tcpLayer) Addr() net.Addr { return l.advertise }
 
+// Accept returns the next connection, which answers a log format probe
+// itself (see probeConn).
+func (l *tcpLayer) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &probeConn{Conn: c}, nil
+}
+
 func (l *tcpLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	if l.local != nil {

@@ -1,0 +1,160 @@
+package raftnode
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// newerEntry is what a build of a later log format could write: this
+// build must not apply it, in any way.
+var newerEntry = []byte(`{"op":"set_format","format":99}`)
+
+// TestUnknownEntryHalts: the entries before an entry the node does not
+// understand are applied, that entry and those after it are not, and the
+// node panics with a HaltError that says which entry and why; a malformed
+// command of a known kind is still refused as invalid, as every build does.
+func TestUnknownEntryHalts(t *testing.T) {
+	var logged bytes.Buffer
+	n := &Node{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logged, nil))}, state: fsm.New()}
+	m := (*machine)(n)
+	acquire := func(scope string) []byte {
+		return fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: fence.NewLeaseID(), TTL: time.Second}.Encode()
+	}
+	out := m.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: []byte(`{"op":"expire","scope":"a"}`)}})
+	if r := out[0].(fsm.Result); r.Outcome != fsm.Invalid {
+		t.Fatalf("a malformed expire: %v, want invalid", r.Outcome)
+	}
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		m.ApplyBatch([]*raft.Log{
+			{Index: 2, Type: raft.LogCommand, Data: acquire("before")},
+			{Index: 3, Type: raft.LogCommand, Data: newerEntry},
+			{Index: 4, Type: raft.LogCommand, Data: acquire("after")},
+		})
+	}()
+	h, ok := got.(*HaltError)
+	if !ok {
+		t.Fatalf("ApplyBatch with an entry of a newer format: recovered %v, want a *HaltError", got)
+	}
+	if h.Index != 3 || !errors.Is(h, fsm.ErrUnknownEntry) || !strings.Contains(h.Error(), "log entry 3") {
+		t.Errorf("halted with %v (index %d), want entry 3 and ErrUnknownEntry", h, h.Index)
+	}
+	if !strings.Contains(logged.String(), "level=ERROR") || !strings.Contains(logged.String(), "index=3") {
+		t.Errorf("the node logged %q, want an error naming entry 3", logged.String())
+	}
+	// Not locked: the state can be read, and shows where it stopped.
+	n.Read(func(st *fsm.State) {
+		if st.Get("before").Lease == nil || st.Get("after").Last != 0 || st.Format() != 1 {
+			t.Errorf("before: %+v, after: %+v, format %d; want only the entry before applied", st.Get("before"), st.Get("after"), st.Format())
+		}
+	})
+}
+
+// TestUnknownEntryStopsTheProcess writes an entry of a newer format into a
+// node's log, in a process of its own: the process stops, saying why, and
+// stops again at the same entry when it restarts, rather than skip it.
+func TestUnknownEntryStopsTheProcess(t *testing.T) {
+	if os.Getenv("RAFTNODE_HALT_DIR") != "" {
+		haltChild()
+		return
+	}
+	dir := t.TempDir()
+	for _, mode := range []string{"write", "restart"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestUnknownEntryStopsTheProcess$")
+		cmd.Env = append(os.Environ(), "RAFTNODE_HALT_DIR="+dir, "RAFTNODE_HALT_MODE="+mode)
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("%s: the node's process ended with %v, want it stopped; output:\n%s", mode, err, stderr.String())
+		}
+		out := stderr.String()
+		for _, want := range []string{"stopped before log entry", "does not understand", "log format is raised to 99"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: the output does not say %q:\n%s", mode, want, out)
+			}
+		}
+	}
+}
+
+// haltChild is the node's process of TestUnknownEntryStopsTheProcess.
+func haltChild() {
+	n, err := Open(Config{NodeID: "n1", DataDir: os.Getenv("RAFTNODE_HALT_DIR"), Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	if err != nil {
+		os.Stderr.WriteString("open: " + err.Error())
+		os.Exit(0)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !n.IsLeader() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if os.Getenv("RAFTNODE_HALT_MODE") == "write" {
+		if _, err := n.Apply(context.Background(), fsm.Command{Op: fsm.OpAcquire, Scope: "a", LeaseID: fence.NewLeaseID(), TTL: time.Second}); err != nil {
+			os.Stderr.WriteString("acquire: " + err.Error())
+			os.Exit(0)
+		}
+		n.raft.Apply(newerEntry, 5*time.Second)
+	}
+	time.Sleep(20 * time.Second)
+	os.Stderr.WriteString("the node went on for 20s")
+	os.Exit(0) // the parent wants a stop, and sees none
+}
+
+// TestProbeFormat asks a node of this build and a Raft transport of a build
+// from before the probe which log formats they know.
+func TestProbeFormat(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Open(Config{NodeID: "n1", DataDir: dir, RaftListen: "127.0.0.1:0", Bootstrap: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if got, err := n.layer.probeFormat(raft.ServerAddress(n.RaftAddr())); err != nil || got != fsm.LogFormat {
+		t.Errorf("probe of this build: %d, %v; want %d", got, err, fsm.LogFormat)
+	}
+
+	// raft's own TCP transport, which the builds before the probe used
+	// through a layer that did not look at it.
+	old, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if got, err := n.layer.probeFormat(old.LocalAddr()); err != nil || got != 1 {
+		t.Errorf("probe of an older build: %d, %v; want 1", got, err)
+	}
+
+	// A lone node raised its format at once; an older build is refused
+	// as a voter, and counts as behind.
+	deadline := time.Now().Add(20 * time.Second)
+	for n.Format() != fsm.LogFormat && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = n.AddVoter(ctx, "old", string(old.LocalAddr()), "127.0.0.1:1")
+	if !errors.Is(err, fence.ErrInvalid) || !strings.Contains(err.Error(), "upgrade it first") {
+		t.Errorf("adding a voter of an older build: %v, want it refused", err)
+	}
+	if err := n.raft.AddNonvoter("old", old.LocalAddr(), 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if behind, err := n.membersBehind(); err != nil || behind != "old" {
+		t.Errorf("membersBehind with an older build in the configuration: %q, %v; want \"old\"", behind, err)
+	}
+}
