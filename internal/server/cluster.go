@@ -85,7 +85,7 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 // the handler then answers Unavailable).
 func (s *Server) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.ready.Load() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
+		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -26,7 +26,7 @@ const (
 var errNotReady = fmt.Errorf("%w: not ready (starting up, or not the leader); retry shortly", fence.ErrUnavailable)
 
 func (s *Server) checkReady() error {
-	if !s.ready.Load() {
+	if !s.lessor.Ready() {
 		return errNotReady
 	}
 	return nil
@@ -61,53 +61,14 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	if err := s.owners.check(c.Owner, s.cfg.MaxLeasesPerIdentity); err != nil {
 		return nil, err
 	}
-	var (
-		key  string
-		wait chan fsm.Event
-	)
-	if c.Wait {
-		// Listen before proposing: the grant may be applied before Apply
-		// returns to us.
-		key = waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
-		wait = s.waiters.add(key)
-		defer s.waiters.remove(key, wait)
-	}
-	r, err := s.node.Apply(ctx, c)
+	r, err := s.lessor.Acquire(ctx, c)
 	if err != nil {
 		return nil, wire.ToConnect(err)
-	}
-	if r.Outcome == fsm.Queued {
-		waited := s.metrics.queued()
-		r, err = s.awaitGrant(ctx, r, wait)
-		waited(err == nil)
-		if err != nil {
-			return nil, wire.ToConnect(err)
-		}
 	}
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
 	return connect.NewResponse(&fencev1.AcquireResponse{Lease: s.lease(r.Scope, r.Lease, true)}), nil
-}
-
-// awaitGrant waits in line until the queued acquire is granted or its
-// caller gives up, in which case it withdraws from the queue.
-func (s *Server) awaitGrant(ctx context.Context, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
-	select {
-	case e := <-wait:
-		if e.Kind == fsm.EventGranted {
-			return fsm.Result{Outcome: fsm.Granted, Scope: e.Scope, Lease: e.Lease}, nil
-		}
-		return fsm.Result{}, fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, queued.Scope)
-	case <-ctx.Done():
-	}
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := s.node.Apply(cctx, fsm.Command{Op: fsm.OpCancel, Scope: queued.Scope, LeaseID: queued.Lease.ID, At: time.Now().UnixNano()})
-	if err != nil {
-		s.log.Warn("withdrawing a waiter failed", "scope", queued.Scope, "lease_id", queued.Lease.ID.String(), "err", err)
-	}
-	return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
 }
 
 // Renew implements fence.v1.LeaseService.Renew.
@@ -189,11 +150,8 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 // extend moves a lease's deadline a full TTL ahead if id is the scope's
 // current lease and its expiry has not been decided; a lease found lost is
 // published as such. The caller confirms only after ConfirmLeader.
-func (s *Server) extend(scope string, id fence.LeaseID) (r fsm.Result, ttl time.Duration) {
-	// The state lock first, then the deadlines': see deadlines.
-	s.node.Read(func(st *fsm.State) {
-		r, ttl = s.deadlines.renew(scope, time.Now(), func() fsm.Result { return st.Check(scope, id) })
-	})
+func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
+	r, ttl := s.lessor.Renew(scope, id)
 	if r.Outcome != fsm.Granted {
 		s.renewRefused(r)
 	}
@@ -219,7 +177,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.Relea
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	r, err := s.node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
+	r, err := s.lessor.Release(ctx, scope, id)
 	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -322,7 +280,7 @@ func scopeAndID(scope, leaseID string) (string, fence.LeaseID, error) {
 func (s *Server) lease(scope string, l fsm.Lease, withID bool) *fencev1.Lease {
 	fl := fence.Lease{
 		Scope: scope, Token: l.Token, ID: l.ID, Holder: l.Holder, TTL: l.TTL,
-		ExpiresIn: s.deadlines.left(scope, l.Token, time.Now()),
+		ExpiresIn: s.lessor.Left(scope, l.Token, time.Now()),
 	}
 	if withID {
 		fl.Signed = s.sign(fence.Token{Scope: scope, Value: l.Token, LeaseID: l.ID})
@@ -343,7 +301,7 @@ func (s *Server) outcomeError(r fsm.Result) error {
 				fence.ErrHeld, r.Scope, r.Lease.Holder, r.Lease.Token, s.cfg.MaxWaiters)
 		}
 		return &fence.HeldError{Scope: r.Scope, Holder: r.Lease.Holder, Token: r.Lease.Token,
-			ExpiresIn: s.deadlines.left(r.Scope, r.Lease.Token, time.Now())}
+			ExpiresIn: s.lessor.Left(r.Scope, r.Lease.Token, time.Now())}
 	case fsm.Lost:
 		reason := "it expired, was released or was superseded"
 		if r.Current != 0 && r.Current == r.Lease.Token {

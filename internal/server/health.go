@@ -31,7 +31,7 @@ func (s *Server) serveReadyz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) readiness() (bool, string) {
 	st := s.node.Stats()
 	switch {
-	case s.ready.Load():
+	case s.lessor.Ready():
 		return true, fmt.Sprintf("ready: leader %s in term %d", s.cfg.NodeID, st.Term)
 	case st.Leader:
 		return false, fmt.Sprintf("not ready: leader %s is taking office (applying its log, extending leases)", s.cfg.NodeID)

@@ -83,7 +83,7 @@ func newMetrics(s *Server) *metrics {
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fence_ready",
 		Help: "1 when this node is the leader and serving, else 0.",
-	}, func() float64 { return bool01(s.ready.Load()) })
+	}, func() float64 { return bool01(s.lessor.Ready()) })
 	m.reg.MustRegister(
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,

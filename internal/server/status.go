@@ -116,7 +116,7 @@ func (s *Server) clusterView(r *http.Request) clusterView {
 
 func (s *Server) leasesView() leasesView {
 	now := time.Now()
-	v := leasesView{Serving: s.ready.Load(), Leader: s.cfg.NodeID, Now: now}
+	v := leasesView{Serving: s.lessor.Ready(), Leader: s.cfg.NodeID, Now: now}
 	if !v.Serving {
 		v.Elsewhere = s.node.LeaderID()
 		return v
@@ -131,7 +131,7 @@ func (s *Server) leasesView() leasesView {
 	for _, in := range held {
 		l := in.Lease
 		row := leaseRow{Scope: in.Scope, Holder: l.Holder, LeaseID: leaseIDPrefix(l.ID), Token: l.Token, TTL: l.TTL,
-			Left: s.deadlines.left(in.Scope, l.Token, now), Waiters: in.Waiters}
+			Left: s.lessor.Left(in.Scope, l.Token, now), Waiters: in.Waiters}
 		if l.GrantedAt != 0 {
 			row.GrantedAt = time.Unix(0, l.GrantedAt)
 		}
@@ -217,7 +217,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if !s.ready.Load() {
+	if !s.lessor.Ready() {
 		http.Error(w, errNotReady.Error(), http.StatusServiceUnavailable)
 		return
 	}

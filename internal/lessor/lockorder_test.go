@@ -1,4 +1,4 @@
-package server
+package lessor
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // deadlines lock and the state lock, and must not wait on each other in a
 // cycle. A hang is reported with every goroutine's stack.
 func TestRenewWhileTakingOffice(t *testing.T) {
-	s := startWith(t, func(*Config) {})
+	l, node := startLessor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const held = 2000
@@ -27,7 +27,7 @@ func TestRenewWhileTakingOffice(t *testing.T) {
 	for i := range ids {
 		ids[i] = fence.NewLeaseID()
 		c := fsm.Command{Op: fsm.OpAcquire, Scope: fmt.Sprintf("s%d", i), LeaseID: ids[i], Holder: "h", TTL: time.Minute, At: time.Now().UnixNano()}
-		if _, err := s.node.Apply(ctx, c); err != nil {
+		if _, err := node.Apply(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -41,7 +41,7 @@ func TestRenewWhileTakingOffice(t *testing.T) {
 					return
 				default:
 				}
-				s.extend(fmt.Sprintf("s%d", i), ids[i])
+				l.Renew(fmt.Sprintf("s%d", i), ids[i])
 			}
 		})
 	}
@@ -54,8 +54,8 @@ func TestRenewWhileTakingOffice(t *testing.T) {
 				default:
 				}
 				scope, id := fmt.Sprintf("churn%d-%d", g, i%16), fence.NewLeaseID()
-				s.node.Apply(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: id, Holder: "h", TTL: time.Minute, At: time.Now().UnixNano()})
-				s.node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
+				node.Apply(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: id, Holder: "h", TTL: time.Minute, At: time.Now().UnixNano()})
+				node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
 			}
 		})
 	}
@@ -63,9 +63,9 @@ func TestRenewWhileTakingOffice(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range 50 {
-			s.onLeader(false)
-			s.onLeader(true)
-			for !s.Ready() {
+			l.Lead(false)
+			l.Lead(true)
+			for !l.Ready() {
 				time.Sleep(time.Millisecond)
 			}
 		}

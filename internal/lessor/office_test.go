@@ -1,4 +1,4 @@
-package server
+package lessor
 
 import (
 	"testing"
@@ -11,9 +11,9 @@ import (
 // office itself. The test hook runs where a real loss of leadership can
 // arrive: between the last step of taking office and serving.
 func TestDeposedNodeNotReady(t *testing.T) {
-	s := startWith(t, func(*Config) {})
+	l, _ := startLessor(t)
 	hook := make(chan func(), 1)
-	s.beforeReady = func() {
+	l.beforeReady = func() {
 		select {
 		case f := <-hook:
 			f()
@@ -22,7 +22,7 @@ func TestDeposedNodeNotReady(t *testing.T) {
 	}
 	awaitReady := func(want bool, within time.Duration) {
 		t.Helper()
-		for end := time.Now().Add(within); s.Ready() != want; time.Sleep(time.Millisecond) {
+		for end := time.Now().Add(within); l.Ready() != want; time.Sleep(time.Millisecond) {
 			if time.Now().After(end) {
 				t.Fatalf("Ready() = %v for %v, want %v", !want, within, want)
 			}
@@ -30,28 +30,28 @@ func TestDeposedNodeNotReady(t *testing.T) {
 	}
 	for i := range 20 {
 		// Deposed: the node must stay not ready.
-		s.onLeader(false)
-		hook <- func() { s.onLeader(false) }
-		s.onLeader(true)
+		l.Lead(false)
+		hook <- func() { l.Lead(false) }
+		l.Lead(true)
 		for len(hook) > 0 {
 			time.Sleep(time.Millisecond)
 		}
 		for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
-			if s.Ready() {
+			if l.Ready() {
 				t.Fatalf("round %d: a node deposed while taking office is ready", i)
 			}
 		}
 		// Deposed and elected again: only the new office makes it ready.
 		hook <- func() {
 			hook <- func() {
-				if s.Ready() {
+				if l.Ready() {
 					t.Errorf("round %d: ready before the new office took office", i)
 				}
 			}
-			s.onLeader(false)
-			s.onLeader(true)
+			l.Lead(false)
+			l.Lead(true)
 		}
-		s.onLeader(true)
+		l.Lead(true)
 		awaitReady(true, 20*time.Second)
 	}
 }

@@ -1,0 +1,384 @@
+// Package lessor is the leader's side of the lease lifecycle: it takes and
+// leaves office, keeps every held lease's deadline, expires the leases whose
+// deadline passes by proposing their expiry, and answers acquires (waiting
+// in line included), renewals and releases. It knows nothing of RPCs,
+// authorization or events shown to people: the server wires it to those.
+//
+// # Lock order
+//
+// Three locks meet here; whoever holds one of them takes only the ones
+// below it:
+//
+//  1. Lessor.mu, the office: taking office sets ready under it, leaving
+//     office clears ready and cancels the office under it.
+//  2. The state machine's lock, held by Node.Read and by the writer that
+//     applies commands.
+//  3. deadlines.mu, and waiters.mu beside it (never both at once).
+//
+// The state machine's writer takes 2 and then, after releasing it, 3
+// (Applied). sync.RWMutex holds new readers back behind a waiting writer, so
+// a reader that held 3 and then asked for 2 would close a cycle with it.
+package lessor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// Node is the replicated state machine the lessor proposes to and reads.
+type Node interface {
+	// Read runs f under the state machine's read lock.
+	Read(f func(*fsm.State))
+	Apply(ctx context.Context, c fsm.Command) (fsm.Result, error)
+	// Barrier returns once every entry committed before it is applied.
+	Barrier(ctx context.Context) error
+}
+
+// Config configures a Lessor.
+type Config struct {
+	Logger *slog.Logger
+	// TakeOffice, if set, runs when a new leader has extended every lease,
+	// before it serves: the server's own steps of taking office.
+	TakeOffice func(ctx context.Context) error
+	// Queued, if set, is called when an acquire joins a line; the function
+	// it returns is called when the wait ends.
+	Queued func() (done func(granted bool))
+}
+
+// Lessor is the leader's lease lifecycle on one node. Its methods are safe
+// for concurrent use.
+type Lessor struct {
+	cfg       Config
+	node      Node          // set by Open
+	opened    chan struct{} // closed by Open
+	deadlines *deadlines
+	waiters   waiters
+	ready     atomic.Bool // leader with a complete state: serving
+
+	mu     sync.Mutex // the office: guards stop, and ready's changes with it
+	stop   context.CancelFunc
+	closed bool
+	bg     sync.WaitGroup
+
+	// beforeReady, when set by a test, runs when a new leader has taken
+	// office and is about to serve.
+	beforeReady func()
+}
+
+// New returns a lessor out of office.
+func New(cfg Config) *Lessor {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Lessor{cfg: cfg, opened: make(chan struct{}), deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)}}
+}
+
+// Open gives the lessor its node. The node's leadership and applied events
+// may reach the lessor before: a node elected before Open takes office
+// once it is opened. Open must be called once, before any other method
+// but Lead and Applied.
+func (l *Lessor) Open(n Node) {
+	l.node = n
+	close(l.opened)
+}
+
+// Ready reports whether this node is leader, has taken office, and serves.
+func (l *Lessor) Ready() bool { return l.ready.Load() }
+
+// Lead runs on leadership changes. A new leader first applies its whole
+// log (Barrier), then gives every held lease a full TTL, then drops the
+// waiters of the previous term, and only then serves and expires.
+func (l *Lessor) Lead(leader bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.leaveLocked()
+	if !leader {
+		l.cfg.Logger.Info("lost leadership")
+		return
+	}
+	if l.closed {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.stop = cancel
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		select {
+		case <-l.opened:
+		case <-ctx.Done():
+			return
+		}
+		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+			err := l.takeOffice(ctx)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			l.cfg.Logger.Error("taking office as leader; will retry", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+		}
+		l.expireLoop(ctx)
+	}()
+}
+
+// Close leaves office for good and waits for the office's work to end.
+func (l *Lessor) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.leaveLocked()
+	l.mu.Unlock()
+	l.bg.Wait()
+}
+
+// leaveLocked clears ready and cancels the office together, under l.mu,
+// where takeOffice checks its context and sets ready: an office cancelled
+// before it sets ready never sets it.
+func (l *Lessor) leaveLocked() {
+	l.ready.Store(false)
+	if l.stop != nil {
+		l.stop()
+		l.stop = nil
+	}
+}
+
+func (l *Lessor) takeOffice(ctx context.Context) error {
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	node := l.node
+	if err := node.Barrier(bctx); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	held := 0
+	node.Read(func(st *fsm.State) {
+		held = st.HeldCount()
+		l.deadlines.reset(held, st.Leases(), time.Now())
+	})
+	if _, err := node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: time.Now().UnixNano()}); err != nil {
+		return fmt.Errorf("promote: %w", err)
+	}
+	if l.cfg.TakeOffice != nil {
+		if err := l.cfg.TakeOffice(bctx); err != nil {
+			return err
+		}
+	}
+	if l.beforeReady != nil {
+		l.beforeReady()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	l.ready.Store(true)
+	l.cfg.Logger.Info("leader ready", "held_leases", held)
+	return nil
+}
+
+// expireLoop proposes the expiry of every lease whose deadline passes,
+// until ctx is done: up to fsm.MaxExpireMany leases in one command and a
+// few commands at a time, so that leases ending together cost few log
+// entries (100,000 of them, about a hundred).
+func (l *Lessor) expireLoop(ctx context.Context) {
+	const inFlight = 4
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		due, next := l.deadlines.due(time.Now(), inFlight*fsm.MaxExpireMany)
+		var wg sync.WaitGroup
+		for batch := range slices.Chunk(due, fsm.MaxExpireMany) {
+			wg.Go(func() { l.expire(ctx, batch) })
+		}
+		wg.Wait()
+		if len(due) == inFlight*fsm.MaxExpireMany {
+			continue
+		}
+		wait := time.Second
+		if !next.IsZero() {
+			wait = min(time.Until(next), wait)
+		}
+		timer.Reset(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-l.deadlines.wake:
+		}
+	}
+}
+
+func (l *Lessor) expire(ctx context.Context, due []deadline) {
+	es := make([]fsm.Expiry, len(due))
+	for i, d := range due {
+		es[i] = fsm.Expiry{Scope: d.scope, Token: d.token}
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := l.node.Apply(actx, fsm.Command{Op: fsm.OpExpireMany, Expiries: es, At: time.Now().UnixNano()})
+	if err != nil {
+		if ctx.Err() == nil {
+			l.cfg.Logger.Warn("expire failed; will retry", "leases", len(due), "first_scope", due[0].scope, "first_token", due[0].token, "err", err)
+		}
+		at := time.Now().Add(100 * time.Millisecond)
+		for _, d := range due {
+			l.deadlines.retry(d.scope, d.token, at)
+		}
+	}
+}
+
+// Applied takes in every applied command's transitions, in log order. The
+// node calls it without holding the state machine's lock.
+func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
+	for _, e := range events {
+		switch e.Kind {
+		case fsm.EventGranted:
+			l.deadlines.granted(e.Scope, e.Lease, now)
+		case fsm.EventReleased, fsm.EventExpired:
+			l.deadlines.ended(e.Scope, e.Lease.Token)
+		}
+		l.waiters.notify(e)
+	}
+}
+
+// Acquire proposes an acquire command, stamped and validated by the caller,
+// and, if it joins the line, waits until it is granted or ctx is done, in
+// which case it withdraws from the line. The result's outcome is the
+// command's, or Granted after a wait.
+func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	var (
+		key  string
+		wait chan fsm.Event
+	)
+	if c.Wait {
+		// Listen before proposing: the grant may be applied before Apply
+		// returns to us.
+		key = waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
+		wait = l.waiters.add(key)
+		defer l.waiters.remove(key, wait)
+	}
+	r, err := l.node.Apply(ctx, c)
+	if err != nil {
+		return r, err
+	}
+	if r.Outcome == fsm.Queued {
+		done := func(bool) {}
+		if l.cfg.Queued != nil {
+			done = l.cfg.Queued()
+		}
+		r, err = l.awaitGrant(ctx, r, wait)
+		done(err == nil)
+	}
+	return r, err
+}
+
+// awaitGrant waits in line until the queued acquire is granted or its
+// caller gives up, in which case it withdraws from the queue.
+func (l *Lessor) awaitGrant(ctx context.Context, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
+	select {
+	case e := <-wait:
+		if e.Kind == fsm.EventGranted {
+			return fsm.Result{Outcome: fsm.Granted, Scope: e.Scope, Lease: e.Lease}, nil
+		}
+		return fsm.Result{}, fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, queued.Scope)
+	case <-ctx.Done():
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := l.node.Apply(cctx, fsm.Command{Op: fsm.OpCancel, Scope: queued.Scope, LeaseID: queued.Lease.ID, At: time.Now().UnixNano()})
+	if err != nil {
+		l.cfg.Logger.Warn("withdrawing a waiter failed", "scope", queued.Scope, "lease_id", queued.Lease.ID.String(), "err", err)
+	}
+	return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
+}
+
+// Renew moves a lease's deadline a full TTL ahead if id is the scope's
+// current lease and its expiry has not been decided, and returns the
+// lease's TTL. The caller confirms the renewal to its holder only once it
+// has confirmed this node still leads.
+func (l *Lessor) Renew(scope string, id fence.LeaseID) (r fsm.Result, ttl time.Duration) {
+	// The state lock first, then the deadlines': see the lock order.
+	l.node.Read(func(st *fsm.State) {
+		r, ttl = l.deadlines.renew(scope, time.Now(), func() fsm.Result { return st.Check(scope, id) })
+	})
+	return r, ttl
+}
+
+// Release proposes the release of the scope's lease with this ID.
+func (l *Lessor) Release(ctx context.Context, scope string, id fence.LeaseID) (fsm.Result, error) {
+	return l.node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
+}
+
+// Left reports the time left of the lease with this token, 0 if this node
+// does not track it (it is not the leader, or the lease's expiry has been
+// decided).
+func (l *Lessor) Left(scope string, token uint64, now time.Time) time.Duration {
+	return l.deadlines.left(scope, token, now)
+}
+
+// waiters connects queued acquires to the grant that ends their wait.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string][]chan fsm.Event
+}
+
+// waitKey identifies a queued acquire: by request ID when it has one, so a
+// retry finds the grant of its first attempt, else by lease ID.
+func waitKey(scope string, l fsm.Lease) string {
+	if l.RequestID != "" {
+		return "r\x00" + scope + "\x00" + l.RequestID
+	}
+	return "i\x00" + l.ID.String()
+}
+
+func (w *waiters) add(key string) chan fsm.Event {
+	ch := make(chan fsm.Event, 1)
+	w.mu.Lock()
+	w.m[key] = append(w.m[key], ch)
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiters) remove(key string, ch chan fsm.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[key]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.m, key)
+	} else {
+		w.m[key] = list
+	}
+}
+
+func (w *waiters) notify(e fsm.Event) {
+	if e.Kind != fsm.EventGranted && e.Kind != fsm.EventCancelled {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.m[waitKey(e.Scope, e.Lease)] {
+		select {
+		case ch <- e:
+		default:
+		}
+	}
+}
