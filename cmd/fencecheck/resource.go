@@ -117,7 +117,7 @@ func resourceCmd(args []string) error {
 			g := guard.New(b.fences(), guard.WithStrictSequence(), guard.WithLogger(log))
 			// WithRepeats for the bolt/ scopes' Batched store: opHandler
 			// changes nothing but the store's transaction.
-			fenced, err := httpguard.Middleware(g, "", httpguard.WithAllMethods(), httpguard.WithRepeats(), httpguard.WithScopeFunc(scopeOf))
+			fenced, err := httpguard.Middleware(g, "", httpguard.WithRepeats(), httpguard.WithScopeFunc(scopeOf))
 			if err != nil {
 				return err
 			}

@@ -27,8 +27,15 @@
 //
 // # Caveats
 //
-// Only unsafe methods (everything but GET, HEAD, OPTIONS and TRACE) are
-// fenced by default; reads pass unchecked.
+// Every request the middleware wraps is fenced, whatever its method: a
+// GET without a current token is refused like a POST. Handlers that write
+// on GET exist, and a read under a stale token can feed a decision the
+// newer holder never sees; a route wrapped in the middleware is safe
+// whatever its handler does. Wrap only the routes that need the fence, or
+// give WithUnfencedReads to let GET, HEAD, OPTIONS and TRACE pass
+// unchecked when the handler writes on none of them. A fenced read runs
+// in the store's fenced section like a write, and advances the mark like
+// one.
 //
 // A handler that answers an error status (400 or above) has failed: the
 // store rolls back the writes it made in the fenced section's transaction
@@ -111,8 +118,11 @@ func WithScopeFunc(f func(*http.Request) string) Option {
 	return optionFunc(func(m *middleware) { m.scopeOf = f })
 }
 
-// WithAllMethods fences every request, reads included.
-func WithAllMethods() Option { return optionFunc(func(m *middleware) { m.all = true }) }
+// WithUnfencedReads lets the methods HTTP calls safe (GET, HEAD, OPTIONS
+// and TRACE) pass to the handler unchecked, with or without a token; the
+// others are fenced. Give it only when the handler writes on none of
+// them, and when an old holder reading what a newer one wrote is harmless.
+func WithUnfencedReads() Option { return optionFunc(func(m *middleware) { m.unfencedReads = true }) }
 
 // WithRepeats accepts a guard whose store may run a handler more than
 // once for one request (a guard.Repeater, such as boltguard's Batched
@@ -129,7 +139,8 @@ type middleware struct {
 	repeatsOK bool // and the caller said its handlers allow it
 	header    string
 	scopeOf   func(*http.Request) string
-	all       bool
+
+	unfencedReads bool // WithUnfencedReads
 }
 
 // Middleware returns a middleware that fences requests to scope with g. It
@@ -159,7 +170,7 @@ func safe(method string) bool {
 }
 
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
-	if !m.all && safe(r.Method) {
+	if m.unfencedReads && safe(r.Method) {
 		next.ServeHTTP(w, r)
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,5 +230,66 @@ func TestTransportMarksLeaseLost(t *testing.T) {
 	}
 	if reg.value["orders"] != "B" {
 		t.Fatalf("stored %q, want B's write", reg.value["orders"])
+	}
+}
+
+// TestReadsAreFencedByDefault: a handler may write on GET (the register
+// here writes on every method), so by default a read is fenced like a
+// write: refused without a token (400) or with a stale one (409), and the
+// handler does not run. WithUnfencedReads lets GET, HEAD, OPTIONS and
+// TRACE through unchecked, and still fences the other methods.
+func TestReadsAreFencedByDefault(t *testing.T) {
+	reads := []string{http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace}
+	writes := []string{http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodPatch}
+	for _, tc := range []struct {
+		name        string
+		opts        []httpguard.Option
+		readsFenced bool
+	}{
+		{"default", nil, true},
+		{"WithUnfencedReads", []httpguard.Option{httpguard.WithUnfencedReads()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, reg := newServer(t, tc.opts...)
+			if resp, _ := put(t, srv.URL+"/orders", tokenHeader("orders", 5), "v5"); resp.StatusCode != http.StatusNoContent {
+				t.Fatalf("the current write: %s", resp.Status)
+			}
+			send := func(method string, header map[string]string) (status int, ran bool) {
+				t.Helper()
+				before := reg.calls.Load()
+				req, _ := http.NewRequest(method, srv.URL+"/orders", nil)
+				for k, v := range header {
+					req.Header.Set(k, v)
+				}
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode, reg.calls.Load() > before
+			}
+			for _, method := range append(reads, writes...) {
+				fenced := tc.readsFenced || slices.Contains(writes, method)
+				for _, c := range []struct {
+					name   string
+					header map[string]string
+					status int
+				}{
+					{"no token", nil, http.StatusBadRequest},
+					{"a stale token", tokenHeader("orders", 4), http.StatusConflict},
+				} {
+					status, ran := send(method, c.header)
+					switch {
+					case fenced && (ran || status != c.status):
+						t.Errorf("%s with %s: %d, handler ran %v; want %d and no run", method, c.name, status, ran, c.status)
+					case !fenced && !ran:
+						t.Errorf("%s with %s: %d without running the handler; want it passed unchecked", method, c.name, status)
+					}
+				}
+			}
+			if status, ran := send(http.MethodGet, tokenHeader("orders", 5)); !ran || status != http.StatusNoContent {
+				t.Errorf("GET with the current token: %d, handler ran %v; want it run", status, ran)
+			}
+		})
 	}
 }
