@@ -78,7 +78,7 @@ func New(cfg Config) *Lessor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Lessor{cfg: cfg, opened: make(chan struct{}), deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event)}}
+	return &Lessor{cfg: cfg, opened: make(chan struct{}), deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event), tries: make(map[string]*attempts)}}
 }
 
 // Open gives the lessor its node. The node's leadership and applied events
@@ -267,7 +267,10 @@ func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error)
 		// Listen before proposing: the grant may be applied before Apply
 		// returns to us.
 		key = waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
-		wait = l.waiters.add(key)
+		var err error
+		if wait, err = l.waiters.add(ctx, key); err != nil {
+			return fsm.Result{}, fmt.Errorf("acquire %q: %w", c.Scope, err)
+		}
 		defer l.waiters.remove(key, wait)
 	}
 	r, err := l.node.Apply(ctx, c)
@@ -279,15 +282,19 @@ func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error)
 		if l.cfg.Queued != nil {
 			done = l.cfg.Queued()
 		}
-		r, err = l.awaitGrant(ctx, r, wait)
+		r, err = l.awaitGrant(ctx, key, r, wait)
 		done(err == nil)
+	}
+	if c.Wait && r.Outcome == fsm.Granted {
+		l.waiters.answered(key)
 	}
 	return r, err
 }
 
 // awaitGrant waits in line until the queued acquire is granted or its
-// caller gives up, in which case it withdraws from the queue.
-func (l *Lessor) awaitGrant(ctx context.Context, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
+// caller gives up, in which case it withdraws from the queue, unless
+// another attempt with the same request ID uses that place or its grant.
+func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
 	select {
 	case e := <-wait:
 		if e.Kind == fsm.EventGranted {
@@ -296,6 +303,10 @@ func (l *Lessor) awaitGrant(ctx context.Context, queued fsm.Result, wait chan fs
 		return fsm.Result{}, fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, queued.Scope)
 	case <-ctx.Done():
 	}
+	if !l.waiters.abandon(key) {
+		return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
+	}
+	defer l.waiters.withdrawn(key)
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := l.node.Apply(cctx, fsm.Command{Op: fsm.OpCancel, Scope: queued.Scope, LeaseID: queued.Lease.ID, At: time.Now().UnixNano()})
@@ -329,10 +340,24 @@ func (l *Lessor) Left(scope string, token uint64, now time.Time) time.Duration {
 	return l.deadlines.left(scope, token, now)
 }
 
-// waiters connects queued acquires to the grant that ends their wait.
+// waiters connects queued acquires to the grant that ends their wait, and
+// keeps the attempts of one request ID from undoing each other: the first
+// may be abandoned by its caller while its retry waits in the same place
+// in line, or has been answered with the same grant.
 type waiters struct {
-	mu sync.Mutex
-	m  map[string][]chan fsm.Event
+	mu    sync.Mutex
+	m     map[string][]chan fsm.Event
+	tries map[string]*attempts
+}
+
+// attempts are the waiting acquires in flight under one wait key.
+type attempts struct {
+	n        int  // in flight
+	answered bool // one was answered with the grant
+	// withdrawing is closed when an abandoned attempt's withdrawal is
+	// applied; until then a new attempt waits, so that it is ordered
+	// after the withdrawal rather than withdrawn by it.
+	withdrawing chan struct{}
 }
 
 // waitKey identifies a queued acquire: by request ID when it has one, so a
@@ -344,17 +369,76 @@ func waitKey(scope string, l fsm.Lease) string {
 	return "i\x00" + l.ID.String()
 }
 
-func (w *waiters) add(key string) chan fsm.Event {
-	ch := make(chan fsm.Event, 1)
+func (w *waiters) add(ctx context.Context, key string) (chan fsm.Event, error) {
 	w.mu.Lock()
-	w.m[key] = append(w.m[key], ch)
-	w.mu.Unlock()
-	return ch
+	defer w.mu.Unlock()
+	for {
+		a := w.tries[key]
+		if a == nil {
+			a = &attempts{}
+			w.tries[key] = a
+		}
+		if a.withdrawing == nil {
+			a.n++
+			ch := make(chan fsm.Event, 1)
+			w.m[key] = append(w.m[key], ch)
+			return ch, nil
+		}
+		withdrawing := a.withdrawing
+		w.mu.Unlock()
+		select {
+		case <-withdrawing:
+		case <-ctx.Done():
+			w.mu.Lock()
+			return nil, ctx.Err()
+		}
+		w.mu.Lock()
+	}
+}
+
+// answered records that an attempt was answered with the grant: abandoning
+// another attempt of the same key must then not release it.
+func (w *waiters) answered(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a := w.tries[key]; a != nil {
+		a.answered = true
+	}
+}
+
+// abandon reports whether the attempt under key, whose caller gave up, may
+// withdraw its place in line (or release the grant that just reached it):
+// only if it is the one attempt in flight and none was answered. If so,
+// new attempts wait until withdrawn is called.
+func (w *waiters) abandon(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a := w.tries[key]
+	if a == nil || a.n > 1 || a.answered {
+		return false
+	}
+	a.withdrawing = make(chan struct{})
+	return true
+}
+
+// withdrawn ends what abandon began.
+func (w *waiters) withdrawn(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a := w.tries[key]; a != nil && a.withdrawing != nil {
+		close(a.withdrawing)
+		a.withdrawing = nil
+	}
 }
 
 func (w *waiters) remove(key string, ch chan fsm.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if a := w.tries[key]; a != nil {
+		if a.n--; a.n <= 0 {
+			delete(w.tries, key)
+		}
+	}
 	list := w.m[key]
 	for i, c := range list {
 		if c == ch {
