@@ -179,6 +179,11 @@ ensure_up() {
 		fi
 		sleep 0.5
 	done
+	# Another checkout may have started its server on the port meanwhile.
+	local dir
+	if dir=$(foreign_dir "$name") && [[ $dir != "?" ]]; then
+		log "$name: answering$(foreign_note "$name")"
+	fi
 }
 
 # stop_pidfile NAME PIDFILE COMM: SIGTERM the server in PIDFILE, wait, then SIGKILL.
