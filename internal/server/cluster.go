@@ -74,11 +74,26 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			// Clients of every protocol read 503 as Unavailable and retry.
-			http.Error(w, fmt.Sprintf("fence: forwarding to the leader at %s failed: %v", r.Context().Value(leaderKey{}), err), http.StatusServiceUnavailable)
+			leader, _ := r.Context().Value(leaderKey{}).(string)
+			err = fmt.Errorf("%w: forwarding to the leader at %s failed: %v", fence.ErrUnavailable, leader, err)
+			// An RPC's caller parses errors in its protocol's own format;
+			// the plain endpoints (/events) get text.
+			if !forwardErrors.IsSupported(r) {
+				http.Error(w, "fence: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			ce := wire.ToConnect(err)
+			ce.Meta().Set(leaderHeader, leader)
+			forwardErrors.Write(w, r, ce)
 		},
 	}
 }
+
+// forwardErrors writes a failed forward's error as the RPC's protocol does.
+var forwardErrors = connect.NewErrorWriter()
+
+// leaderHeader names, on a failed forward, the leader it was for.
+const leaderHeader = "Fence-Leader"
 
 // forward sends a request to the leader when this node is not the serving
 // leader, and serves it here otherwise (including when no leader is known:
