@@ -29,6 +29,10 @@ type cellResult struct {
 	Flushes    int64         `json:"disk_flushes"`  // the disk's, during the measured time
 	ServerCPU  time.Duration `json:"server_cpu_ns"` // the servers' processes, during the measured time
 	ClientCPU  time.Duration `json:"client_cpu_ns"` // this client process, during the measured time
+	// The fewest and the most operations one worker completed: how evenly
+	// the workers were served (in the contended workload, hand-offs).
+	WorkerMin int64 `json:"worker_ops_min"`
+	WorkerMax int64 `json:"worker_ops_max"`
 }
 
 // clientArgs is what the coordinator tells a client process.
@@ -39,12 +43,13 @@ type clientArgs struct {
 	maxOps           int64
 	leases           int
 	redisRetry       time.Duration
+	etcdWindow       int
 	addr             addrs
 }
 
 // addrs are the servers of one cell; empty for those not started.
 type addrs struct {
-	fence, etcd, redis, resource, postgres string
+	fence, etcd, redis, resource string
 }
 
 func (a clientArgs) flags() []string {
@@ -52,9 +57,9 @@ func (a clientArgs) flags() []string {
 		"-system", a.system, "-workload", a.workload,
 		"-clients", fmt.Sprint(a.clients), "-time", a.duration.String(),
 		"-max-ops", fmt.Sprint(a.maxOps), "-leases", fmt.Sprint(a.leases),
-		"-redis-retry", a.redisRetry.String(),
+		"-redis-retry", a.redisRetry.String(), "-etcd-window", fmt.Sprint(a.etcdWindow),
 		"-fence", a.addr.fence, "-etcd", a.addr.etcd, "-redis", a.addr.redis,
-		"-resource", a.addr.resource, "-postgres", a.addr.postgres,
+		"-resource", a.addr.resource,
 	}
 }
 
@@ -71,11 +76,11 @@ func clientMain(args []string) error {
 	fs.Int64Var(&a.maxOps, "max-ops", 5_000_000, "most operations")
 	fs.IntVar(&a.leases, "leases", 10_000, "live leases of the renew workload")
 	fs.DurationVar(&a.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep between tries of a held Redis lock")
+	fs.IntVar(&a.etcdWindow, "etcd-window", renewBatch, "keep-alives in flight per etcd stream")
 	fs.StringVar(&a.addr.fence, "fence", "", "fenced address")
 	fs.StringVar(&a.addr.etcd, "etcd", "", "etcd client address")
 	fs.StringVar(&a.addr.redis, "redis", "", "Redis address")
-	fs.StringVar(&a.addr.resource, "resource", "", "guarded bbolt resource base URL")
-	fs.StringVar(&a.addr.postgres, "postgres", "", "PostgreSQL DSN")
+	fs.StringVar(&a.addr.resource, "resource", "", "guarded-write resource base URL")
 	disk := fs.String("disk", "", "block device whose flush requests to count")
 	pids := fs.String("pids", "", "comma-separated server processes whose CPU time to count")
 	if err := fs.Parse(args); err != nil {
@@ -97,6 +102,8 @@ func clientMain(args []string) error {
 	// Latencies stay per call; counts and rates are per renewal.
 	res.PerCall = renewalsPerOp(a)
 	res.Ops *= res.PerCall
+	res.WorkerMin *= res.PerCall
+	res.WorkerMax *= res.PerCall
 	res.Flushes = diskFlushes(*disk) - flushes
 	res.ServerCPU, res.ClientCPU = cpuTime(servers)-serverCPU, selfCPU()-clientCPU
 	res.Setup = time.Since(start) - res.Elapsed
@@ -112,14 +119,12 @@ const setupBound = 90 * time.Second
 // that releases what setup took.
 func setup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	switch a.system {
-	case sysFence, sysFenceSolo:
+	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle, sysFenced, sysPlain:
 		return fenceSetup(ctx, a)
 	case sysEtcd:
 		return etcdSetup(ctx, a)
 	case sysRedisAlways, sysRedisDefault:
 		return redisSetup(ctx, a)
-	case sysFencePG, sysPlainPG:
-		return postgresSetup(ctx, a)
 	}
 	return nil, nil, fmt.Errorf("unknown system %q", a.system)
 }
@@ -151,8 +156,8 @@ func lockKey(workload string, i int) string {
 }
 
 // drive runs every op in its own goroutine, back to back, until d has
-// passed or maxOps operations were started, and reports throughput and
-// latency percentiles. Operations in flight at the deadline finish and
+// passed or maxOps operations were started, and reports throughput,
+// latency percentiles and the spread of operations over the workers. Operations in flight at the deadline finish and
 // count; the elapsed time runs until the last one has.
 func drive(ctx context.Context, ops []op, d time.Duration, maxOps int64) cellResult {
 	var (
@@ -192,6 +197,13 @@ func drive(ctx context.Context, ops []op, d time.Duration, maxOps int64) cellRes
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	r := cellResult{Ops: int64(len(all)), Errors: errs.Load(), Elapsed: time.Since(start)}
+	for i, l := range lat {
+		n := int64(len(l))
+		if i == 0 || n < r.WorkerMin {
+			r.WorkerMin = n
+		}
+		r.WorkerMax = max(r.WorkerMax, n)
+	}
 	if p := firstErr.Load(); p != nil {
 		r.FirstError = *p
 	}

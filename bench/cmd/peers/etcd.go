@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -22,12 +21,12 @@ import (
 //   - contended: the same on one prefix: each waiter watches the deletion
 //     of the key before its own, so the lock passes in creation order.
 //   - renew: confirmed keep-alives (LeaseKeepAlive answers with TTL > 0) of
-//     the given number of leases, each worker sending its share in turn on
-//     its own keep-alive stream: the fastest way the protocol offers, one
-//     lease per message.
-//   - guarded-write: each worker holds a Mutex and writes with
-//     Txn(If(mod_revision(lock key) == rev)).Then(Put), rev being the
-//     revision at which it took the lock.
+//     the given number of leases, each worker renewing its share in turn on
+//     a keep-alive stream of its own, pipelined: an op confirms renewBatch
+//     renewals, the same work per op as fence's RenewBatch, keeping up to
+//     -etcd-window keep-alives in flight on the stream (sending the next as
+//     each answer arrives; the server answers a stream's requests in
+//     order). The protocol carries one lease per message.
 func etcdSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{a.addr.etcd}, DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
@@ -80,49 +79,36 @@ func etcdSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 			if err != nil {
 				return u.fail(err)
 			}
-			next := i
+			var mine []clientv3.LeaseID
+			for j := i; j < len(ids); j += len(ops) {
+				mine = append(mine, ids[j])
+			}
+			next := 0
+			window := min(max(a.etcdWindow, 1), renewBatch)
 			ops[i] = func(context.Context) error {
-				id := ids[next]
-				next += len(ops)
-				if next >= len(ids) {
-					next = i
-				}
-				if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+				send := func() error {
+					err := stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(mine[next])})
+					next = (next + 1) % len(mine)
 					return err
 				}
-				resp, err := stream.Recv()
-				if err != nil {
-					return err
+				for range window {
+					if err := send(); err != nil {
+						return err
+					}
 				}
-				if resp.TTL <= 0 {
-					return fmt.Errorf("lease %x: not renewed (TTL %d)", id, resp.TTL)
-				}
-				return nil
-			}
-		}
-	case wlGuardedWrite:
-		for i := range ops {
-			m, err := mutex(fmt.Sprintf("gw/%d", i))
-			if err != nil {
-				return u.fail(err)
-			}
-			if err := m.Lock(ctx); err != nil {
-				return u.fail(err)
-			}
-			key, rev := m.Key(), m.Header().Revision
-			data := fmt.Sprintf("data/%d", i)
-			n := 0
-			ops[i] = func(ctx context.Context) error {
-				n++
-				resp, err := cli.Txn(ctx).
-					If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
-					Then(clientv3.OpPut(data, strconv.Itoa(n))).
-					Commit()
-				if err != nil {
-					return err
-				}
-				if !resp.Succeeded {
-					return fmt.Errorf("guarded write to %s: lock %s no longer at revision %d", data, key, rev)
+				for k := range renewBatch {
+					resp, err := stream.Recv()
+					if err != nil {
+						return err
+					}
+					if resp.TTL <= 0 {
+						return fmt.Errorf("lease %x: not renewed (TTL %d)", resp.ID, resp.TTL)
+					}
+					if k+window < renewBatch {
+						if err := send(); err != nil {
+							return err
+						}
+					}
 				}
 				return nil
 			}

@@ -15,7 +15,9 @@ import (
 )
 
 // fenceSetup prepares fence's side of a workload: one client.Client (one
-// HTTP/2 connection) shared by the workers, as a program would.
+// HTTP/2 connection) shared by the workers, as a program would. Every fence
+// system runs the same workload; they differ in fenced's flags
+// (fencedFlags) or, for fence-single, in the renew call.
 //
 //   - lock-cycle: Acquire (a durable grant, keep-alive started) and
 //     Release (durable) on the worker's own scope.
@@ -25,21 +27,21 @@ import (
 //     wait took more than a third of the TTL; see client.Acquire).
 //   - renew: confirmed renewals of the given number of live leases, each
 //     worker renewing its share in turn, renewBatch leases per RenewBatch
-//     call; each lease's renewal is confirmed or refused on its own, and
-//     one that is refused counts as an error.
-//   - guarded-write: each worker holds a lease on its own scope and POSTs
-//     to the guarded bbolt resource (httpguard over boltguard) with the
-//     lease's token; every write is in an fsynced bbolt transaction, which
-//     concurrent writes share (boltguard's Batched store) or, for
-//     fence-solo, each write has to itself.
+//     call (fence) or one per Renew call (fence-single); each lease's
+//     renewal is confirmed or refused on its own, and one that is refused
+//     counts as an error.
+//   - guarded-write-STORE (systems fenced and plain): each worker holds a
+//     lease on its own scope and POSTs to the resource (resourceMain) with
+//     the lease's token, through httpguard's Transport; the plain resource
+//     ignores the token, the fenced one checks it.
 //
-// renewBatch is how many renewals fence's renew workload sends per call.
+// renewBatch is how many renewals one renew op confirms, on fence (one
+// RenewBatch call) and on etcd (keep-alives pipelined on one stream).
 const renewBatch = 100
 
-// renewalsPerOp is how many renewals one op of a renew workload confirms:
-// etcd's keep-alive protocol carries one lease per message.
+// renewalsPerOp is how many renewals one op of a renew workload confirms.
 func renewalsPerOp(a clientArgs) int64 {
-	if a.workload == wlRenew && a.system == sysFence {
+	if a.workload == wlRenew && (a.system == sysFence || a.system == sysEtcd) {
 		return renewBatch
 	}
 	return 1
@@ -53,8 +55,8 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	var u undo
 	u.add(func() { c.Close() })
 	ops := make([]op, a.clients)
-	switch a.workload {
-	case wlLockCycle, wlContended:
+	switch {
+	case a.workload == wlLockCycle || a.workload == wlContended:
 		opts := []client.AcquireOption{client.WithTTL(10 * time.Second)}
 		if a.workload == wlContended {
 			opts = append(opts, client.WithWait())
@@ -69,7 +71,7 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 				return l.Release(ctx)
 			}
 		}
-	case wlRenew:
+	case a.workload == wlRenew:
 		leases := make([]fence.Lease, a.leases)
 		err := parallel(len(leases), 32, func(i int) error {
 			var err error
@@ -90,6 +92,15 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 				return u.fail(fmt.Errorf("fence: %d leases for %d clients: some would renew nothing", len(leases), len(ops)))
 			}
 			next := 0
+			if a.system == sysFenceSingle {
+				ops[i] = func(ctx context.Context) error {
+					r := mine[next]
+					next = (next + 1) % len(mine)
+					_, err := c.Renew(ctx, r.Scope, r.ID)
+					return err
+				}
+				continue
+			}
 			batch := make([]client.Renewal, renewBatch)
 			ops[i] = func(ctx context.Context) error {
 				for k := range batch {
@@ -108,7 +119,7 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 				return nil
 			}
 		}
-	case wlGuardedWrite:
+	case storeOf(a.workload) != "":
 		base := http.DefaultTransport.(*http.Transport).Clone()
 		base.MaxIdleConnsPerHost = a.clients
 		u.add(base.CloseIdleConnections)

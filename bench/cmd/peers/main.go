@@ -16,22 +16,28 @@
 //
 // The workloads are lock-cycle (1, 16 and 64 clients on scopes of their
 // own), contended (64 clients on one scope), renew (confirmed renewals of
-// 10,000 live leases) and guarded-write (64 clients writing with their
-// token: through httpguard over boltguard's Batched store, over its
-// Store committing each write alone (fence-solo), and with sqlguard's row
-// token on PostgreSQL beside the plain UPDATE; etcd's side is a Txn on the
-// lock key's mod_revision). The doc comments of fenceSetup, etcdSetup,
-// redisSetup and postgresSetup say exactly what each system does.
+// 10,000 live leases) and guarded-write-STORE (64 clients writing with
+// their token to an HTTP resource on bbolt, SQLite, PostgreSQL or Redis,
+// served once with its guard, signatures verified, and once without). The
+// systems are fence (fenced with its defaults: raft-wal, fsync on, signed
+// tokens), etcd and Redis, and beside fence, never as a goal's side of a
+// ratio, fence-unsigned (--sign-tokens=false), fence-bolt (--raft-log
+// bolt) and fence-single (renew one lease per call). The doc comments of
+// fenceSetup, etcdSetup, redisSetup and resourceMain say exactly what each
+// system does.
 //
 // Each cell (workload, concurrency, system) gets fresh servers with empty
 // data directories, is bounded by BENCH_TIME (default 10s) and by -max-ops
 // operations, and reports ops/s, p50, p99 and p99.9 of the operation's
 // latency, the disk's flush requests (device-wide, from /proc/diskstats)
 // and the server and client processes' CPU time per operation. The table
-// shows the medians of the runs; the last lines are one per workload and
-// concurrency:
+// shows the medians of the runs and how evenly each cell's workers were
+// served (fewest and most operations of one worker); the last lines are
+// the goals' ratios, fence against etcd and the fenced resource against
+// the plain one:
 //
 //	ratio lock-cycle 64 fence/etcd=5.20
+//	ratio guarded-write-bbolt 64 fenced/plain=0.97
 //
 // Results go to -out as JSON, with a plot of the lock cycle. The roles of
 // the re-executed processes (client, etcd, resource) are internal; see

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +29,10 @@ type summary struct {
 	ServerCPU    time.Duration // per operation
 	ClientCPU    time.Duration // per operation
 	Errors       int64
+	// The operations of the least and the most served worker, and the
+	// ratio of the two (+Inf when a worker completed none).
+	WorkerMin, WorkerMax int64
+	Spread               float64
 }
 
 // summarise takes the medians over runs, in the order cells were measured.
@@ -50,7 +55,8 @@ func summarise(rep report) []summary {
 	for _, k := range order {
 		ms := byKey[k]
 		s := summary{Workload: k.w, Clients: k.c, System: k.s, Runs: len(ms)}
-		var ops, flushes []float64
+		var ops, flushes, spread []float64
+		var wmin, wmax []int64
 		var p50, p99, p999, scpu, ccpu []time.Duration
 		for _, m := range ms {
 			n := max(m.Ops, 1)
@@ -59,7 +65,10 @@ func summarise(rep report) []summary {
 			p50, p99, p999 = append(p50, m.P50), append(p99, m.P99), append(p999, m.P999)
 			scpu, ccpu = append(scpu, m.ServerCPU/time.Duration(n)), append(ccpu, m.ClientCPU/time.Duration(n))
 			s.Errors += m.Errors
+			wmin, wmax = append(wmin, m.WorkerMin), append(wmax, m.WorkerMax)
+			spread = append(spread, float64(m.WorkerMax)/float64(m.WorkerMin))
 		}
+		s.WorkerMin, s.WorkerMax, s.Spread = median(wmin), median(wmax), median(spread)
 		s.OpsPerSec, s.FlushesPerOp = median(ops), median(flushes)
 		s.P50, s.P99, s.P999 = median(p50), median(p99), median(p999)
 		s.ServerCPU, s.ClientCPU = median(scpu), median(ccpu)
@@ -100,25 +109,27 @@ func printReport(w io.Writer, rep report) {
 	for _, p := range rep.Probes {
 		fmt.Fprintf(w, "run %d: fdatasync of 4 KiB: %.0f/s, p50 %s\n", p.Run, rate(p.Ops, p.Elapsed), round(p.P50))
 	}
-	fmt.Fprintln(w, "\n| workload | clients | system | ops/s | p50 | p99 | p99.9 | disk flushes/op | CPU/op server + client | fence/system |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "\n| workload | clients | system | ops/s | p50 | p99 | p99.9 | disk flushes/op | CPU/op server + client | ops per worker, fewest–most (most/fewest) | fence/system, fenced/plain |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range sums {
 		vs := ""
-		peer := s.System == sysEtcd || s.System == sysRedisAlways || s.System == sysRedisDefault
-		if f, ok := find(sums, s.Workload, s.Clients, sysFence); ok && s.OpsPerSec > 0 && peer {
-			vs = fmt.Sprintf("%.2f", f.OpsPerSec/s.OpsPerSec)
+		if ref, ok := reference(sums, s); ok && s.OpsPerSec > 0 {
+			vs = fmt.Sprintf("%.2f", ref.OpsPerSec/s.OpsPerSec)
 		}
 		sys := s.System
 		if s.Errors > 0 {
 			sys += fmt.Sprintf(" (%d errors)", s.Errors)
 		}
 		server := round(s.ServerCPU)
-		if s.System == sysFencePG || s.System == sysPlainPG {
-			server = "(PostgreSQL's not counted)"
+		switch storeOf(s.Workload) {
+		case storePostgres:
+			server += " (not PostgreSQL's)"
+		case storeRedis:
+			server += " (not Redis's)"
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %s + %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %s + %s | %s | %s |\n",
 			s.Workload, s.Clients, sys, thousands(s.OpsPerSec), round(s.P50), round(s.P99), round(s.P999), s.FlushesPerOp,
-			server, round(s.ClientCPU), vs)
+			server, round(s.ClientCPU), spread(s), vs)
 	}
 	for _, m := range rep.Measurements {
 		if m.PerCall > 1 {
@@ -127,22 +138,60 @@ func printReport(w io.Writer, rep report) {
 		}
 	}
 	fmt.Fprintln(w)
-	// fence's variants, each beside its peer.
-	peers := map[string]string{sysFencePG: sysPlainPG, sysFenceSolo: sysEtcd}
+	// fence's variants, each against fence and etcd: for the reader, never a
+	// goal, so not "ratio" lines.
 	for _, s := range sums {
-		peer := peers[s.System]
-		if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
-			fmt.Fprintf(w, "%s %d %s/%s=%.2f\n", s.Workload, s.Clients, s.System, peer, s.OpsPerSec/p.OpsPerSec)
-		}
-	}
-	for _, s := range sums {
-		if s.System != sysFence {
+		if !slices.Contains(variants, s.System) {
 			continue
 		}
-		if e, ok := find(sums, s.Workload, s.Clients, sysEtcd); ok && e.OpsPerSec > 0 {
-			fmt.Fprintf(w, "ratio %s %d fence/etcd=%.2f\n", s.Workload, s.Clients, s.OpsPerSec/e.OpsPerSec)
+		for _, peer := range []string{sysFence, sysEtcd} {
+			if p, ok := find(sums, s.Workload, s.Clients, peer); ok && p.OpsPerSec > 0 {
+				fmt.Fprintf(w, "%s %d %s/%s=%.2f\n", s.Workload, s.Clients, s.System, peer, s.OpsPerSec/p.OpsPerSec)
+			}
 		}
 	}
+	// The goals' ratios, last: fence against etcd, the fenced resource
+	// against the plain one.
+	for _, s := range sums {
+		if s.System != sysEtcd && s.System != sysPlain {
+			continue
+		}
+		ref, ok := reference(sums, s)
+		if !ok || ref.OpsPerSec <= 0 || s.OpsPerSec <= 0 {
+			continue
+		}
+		fmt.Fprintf(w, "ratio %s %d %s/%s=%.2f\n", s.Workload, s.Clients, ref.System, s.System, ref.OpsPerSec/s.OpsPerSec)
+	}
+}
+
+// variants are the fence systems that change one thing of fence's, shown
+// beside fence and etcd but never a goal's side of a ratio: the one for
+// which the like-for-like comparison is fence's defaults.
+var variants = []string{sysFenceUnsigned, sysFenceBolt, sysFenceSingle}
+
+// reference returns the system a row is compared with in the table's last
+// column: fence, for a peer's row (etcd's, Redis's), and the fenced
+// resource for the plain one. Only fence/etcd and fenced/plain are goal
+// ratios; the table also shows fence against Redis.
+func reference(sums []summary, s summary) (summary, bool) {
+	switch s.System {
+	case sysEtcd, sysRedisAlways, sysRedisDefault:
+		return find(sums, s.Workload, s.Clients, sysFence)
+	case sysPlain:
+		return find(sums, s.Workload, s.Clients, sysFenced)
+	}
+	return summary{}, false
+}
+
+// spread formats how evenly a cell's workers were served.
+func spread(s summary) string {
+	switch {
+	case s.WorkerMax == 0: // results from before the harness counted them
+		return ""
+	case math.IsInf(s.Spread, 1):
+		return fmt.Sprintf("%d–%d (a worker got none)", s.WorkerMin, s.WorkerMax)
+	}
+	return fmt.Sprintf("%d–%d (%.2f)", s.WorkerMin, s.WorkerMax, s.Spread)
 }
 
 // round shortens a latency for the table.
@@ -181,7 +230,7 @@ func plotLockCycle(sums []summary, path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var lines []any
 	lowest := 0.0
-	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault} {
+	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt} {
 		var xys plotter.XYs
 		for _, s := range sums {
 			if s.Workload == wlLockCycle && s.System == sys && s.OpsPerSec > 0 {
@@ -198,6 +247,10 @@ func plotLockCycle(sums []summary, path string) error {
 				label = "redis, appendfsync always"
 			case sysRedisDefault:
 				label = "redis, defaults (not durable)"
+			case sysFenceUnsigned:
+				label = "fence, unsigned tokens"
+			case sysFenceBolt:
+				label = "fence, raft-boltdb log"
 			}
 			lines = append(lines, label, xys)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,25 +44,53 @@ func TestThousands(t *testing.T) {
 }
 
 // TestReportRatios checks the medians and the ratio lines that end the
-// report, which scripts read.
+// report, which scripts read: fence/etcd and fenced/plain only, never a
+// variant of fence's.
 func TestReportRatios(t *testing.T) {
 	var rep report
-	add := func(run int, w string, clients int, sys string, ops int64) {
+	add := func(run int, w string, clients int, sys string, ops, wmin, wmax int64) {
 		rep.Measurements = append(rep.Measurements, measurement{Run: run, Workload: w, Clients: clients, System: sys,
-			cellResult: cellResult{Ops: ops, Elapsed: time.Second}})
+			cellResult: cellResult{Ops: ops, Elapsed: time.Second, WorkerMin: wmin, WorkerMax: wmax}})
 	}
 	for run, f := range []int64{5000, 6000, 7000} {
-		add(run+1, wlLockCycle, 64, sysFence, f)
-		add(run+1, wlLockCycle, 64, sysEtcd, 1000+int64(run)*100)
-		add(run+1, wlLockCycle, 64, sysRedisAlways, 3000)
+		add(run+1, wlLockCycle, 64, sysFence, f, 90, 100)
+		add(run+1, wlLockCycle, 64, sysEtcd, 1000+int64(run)*100, 10, 20)
+		add(run+1, wlLockCycle, 64, sysRedisAlways, 3000, 40, 50)
+		add(run+1, wlLockCycle, 64, sysFenceUnsigned, 9000, 140, 150)
+		add(run+1, wlContended, 64, sysRedisAlways, 2000, int64(run), 100)
+		add(run+1, guardedWrite(storeBolt), 64, sysFenced, 1900, 30, 30)
+		add(run+1, guardedWrite(storeBolt), 64, sysPlain, 2000, 30, 31)
 	}
 	var b bytes.Buffer
 	printReport(&b, rep)
-	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if got, want := lines[len(lines)-1], "ratio lock-cycle 64 fence/etcd=5.45"; got != want {
-		t.Errorf("last line %q, want %q (median 6000 over median 1100)\n%s", got, want, b.String())
+	out := b.String()
+	var ratios []string
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "ratio ") {
+			ratios = append(ratios, strings.TrimSpace(line))
+		}
 	}
-	if !strings.Contains(b.String(), "| lock-cycle | 64 | redis-always | 3,000 |") {
-		t.Errorf("no redis-always row:\n%s", b.String())
+	want := []string{
+		"ratio lock-cycle 64 fence/etcd=5.45", // median 6000 over median 1100
+		"ratio guarded-write-bbolt 64 fenced/plain=0.95",
+	}
+	if !slices.Equal(ratios, want) {
+		t.Errorf("ratio lines %q, want %q\n%s", ratios, want, out)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(out), want[len(want)-1]) {
+		t.Errorf("the ratio lines are not last:\n%s", out)
+	}
+	for _, s := range []string{
+		"| lock-cycle | 64 | redis-always | 3,000 |",
+		"lock-cycle 64 fence-unsigned/fence=1.50\n",
+		"| 90–100 (1.11) |",
+		// Runs 1 to 3 had 0, 1 and 2 for the least served worker: the
+		// median spread is 100/1.
+		"| contended | 64 | redis-always | 2,000 |",
+		"| 1–100 (100.00) |",
+	} {
+		if !strings.Contains(out, s) {
+			t.Errorf("no %q in:\n%s", s, out)
+		}
 	}
 }

@@ -5,22 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
-	"go.etcd.io/bbolt"
 	"go.etcd.io/etcd/server/v3/embed"
-
-	"github.com/fence-dev/fence/guard"
-	"github.com/fence-dev/fence/guard/boltguard"
-	"github.com/fence-dev/fence/guard/httpguard"
 )
 
 // The server and client processes are this binary re-executed with one of
@@ -75,77 +66,4 @@ func etcdMain(args []string) error {
 	case err := <-e.Err():
 		return err
 	}
-}
-
-// resourceMain runs the guarded resource of the guarded-write workload: an
-// HTTP service keeping its data in a bbolt file (fsync on). POST
-// /write/SCOPE stores the body under SCOPE in the transaction that checks
-// and advances SCOPE's fencing mark, through httpguard over boltguard's
-// Batched store, which commits concurrent writes together; with -solo over
-// the Store itself, one commit per write.
-var dataBucket = []byte("data")
-
-func resourceMain(args []string) error {
-	fs := flag.NewFlagSet(roleResource, flag.ContinueOnError)
-	dir := fs.String("dir", "", "data directory")
-	listen := fs.String("listen", "127.0.0.1:0", "HTTP address")
-	solo := fs.Bool("solo", false, "commit each write on its own (boltguard.Store instead of its Batched store)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	store, err := boltguard.Open(filepath.Join(*dir, "resource.db"))
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	if err := store.DB().Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(dataBucket)
-		return err
-	}); err != nil {
-		return err
-	}
-	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := boltguard.TxFromContext(r.Context())
-		if !ok {
-			http.Error(w, "no transaction", http.StatusInternalServerError)
-			return
-		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		if err := tx.Bucket(dataBucket).Put([]byte(r.PathValue("scope")), body); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	fences := store.Batched()
-	if *solo {
-		fences = store
-	}
-	fenced := httpguard.Middleware(guard.New(fences), "", httpguard.WithScopeFunc(func(r *http.Request) string {
-		return r.PathValue("scope")
-	}))
-	mux := http.NewServeMux()
-	mux.Handle("POST /write/{scope...}", fenced(write))
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	fmt.Println(readyLine)
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return srv.Shutdown(sctx)
 }

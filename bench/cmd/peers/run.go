@@ -17,7 +17,8 @@ import (
 	"time"
 )
 
-// The workloads, as named in the ratio lines.
+// The workloads, as named in the ratio lines. The guarded write is one
+// workload per store: guarded-write-bbolt and so on.
 const (
 	wlLockCycle    = "lock-cycle"
 	wlContended    = "contended"
@@ -25,18 +26,42 @@ const (
 	wlGuardedWrite = "guarded-write"
 )
 
-// The systems. fence's guarded write goes through httpguard over its bbolt
-// guard, batched; fence-pg and pg-plain are the guarded and the plain write
-// on PostgreSQL.
+// guardedWrite names the guarded-write workload on store.
+func guardedWrite(store string) string { return wlGuardedWrite + "-" + store }
+
+// storeOf returns the store of a guarded-write workload, "" for any other.
+func storeOf(workload string) string {
+	s, ok := strings.CutPrefix(workload, wlGuardedWrite+"-")
+	if !ok {
+		return ""
+	}
+	return s
+}
+
+// The systems. fence is fenced with its defaults; fence-unsigned,
+// fence-bolt and fence-single change one thing each and are never a goal's
+// side of a ratio. fenced and plain are the guarded-write resource with
+// and without its guard.
 const (
-	sysFence        = "fence"
-	sysEtcd         = "etcd"
-	sysRedisAlways  = "redis-always"
-	sysRedisDefault = "redis-default"
-	sysFencePG      = "fence-pg"
-	sysPlainPG      = "pg-plain"
-	sysFenceSolo    = "fence-solo" // the guarded bbolt write committed on its own, not batched
+	sysFence         = "fence"
+	sysFenceUnsigned = "fence-unsigned" // --sign-tokens=false
+	sysFenceBolt     = "fence-bolt"     // --raft-log bolt: raft-boltdb, two fdatasyncs per append
+	sysFenceSingle   = "fence-single"   // renew: one lease per Renew call
+	sysEtcd          = "etcd"
+	sysRedisAlways   = "redis-always"
+	sysRedisDefault  = "redis-default"
+	sysFenced        = "fenced"
+	sysPlain         = "plain"
 )
+
+// fencedFlags are the flags each fence system gives fenced beyond its
+// defaults.
+var fencedFlags = map[string][]string{
+	sysFence:         nil,
+	sysFenceSingle:   nil,
+	sysFenceUnsigned: {"--sign-tokens=false"},
+	sysFenceBolt:     {"--raft-log", "bolt"},
+}
 
 // cell is one workload at one concurrency, measured on each of its systems.
 type cell struct {
@@ -46,26 +71,30 @@ type cell struct {
 }
 
 func allCells() []cell {
-	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault}
+	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt}
+	gw := []string{sysFenced, sysPlain}
 	return []cell{
 		{wlLockCycle, 1, locks},
 		{wlLockCycle, 16, locks},
 		{wlLockCycle, 64, locks},
-		{wlContended, 64, locks},
-		{wlRenew, 64, []string{sysFence, sysEtcd}},
-		{wlGuardedWrite, 64, []string{sysFence, sysEtcd, sysFenceSolo, sysFencePG, sysPlainPG}},
+		{wlContended, 64, []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceBolt}},
+		{wlRenew, 64, []string{sysFence, sysEtcd, sysFenceSingle}},
+		{guardedWrite(storeBolt), 64, gw},
+		{guardedWrite(storeSQLite), 64, gw},
+		{guardedWrite(storePostgres), 64, gw},
+		{guardedWrite(storeRedis), 64, gw},
 	}
 }
 
 // config is the coordinator's.
 type config struct {
-	fenced, fencedRev, redisServer, postgres string
-	data, out                                string
-	runs, leases                             int
-	duration, redisRetry                     time.Duration
-	maxOps                                   int64
-	only, systems                            []string
-	deadline                                 time.Duration
+	fenced, fencedRev, redisServer, postgres, redis string
+	data, out                                       string
+	runs, leases, etcdWindow                        int
+	duration, redisRetry                            time.Duration
+	maxOps                                          int64
+	only, systems                                   []string
+	deadline                                        time.Duration
 }
 
 // measurement is one cell's result on one system in one run.
@@ -106,7 +135,9 @@ func runMain(args []string) error {
 	fs.StringVar(&cfg.fencedRev, "fenced-rev", "", "the fence commit fenced was built from, for the results (default: git describe of this checkout)")
 	fs.StringVar(&cfg.redisServer, "redis-server", "redis-server", "the redis-server binary")
 	fs.StringVar(&cfg.postgres, "postgres", cmp.Or(os.Getenv("FENCE_TEST_POSTGRES"), "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable"),
-		"PostgreSQL DSN for the guarded write (make services starts one); empty skips fence-pg and pg-plain")
+		"PostgreSQL DSN for guarded-write-postgres (make services starts one); empty skips it")
+	fs.StringVar(&cfg.redis, "redis", cmp.Or(os.Getenv("FENCE_TEST_REDIS"), "redis://127.0.0.1:63799/0"),
+		"Redis URL for guarded-write-redis (make services starts one); empty skips it")
 	fs.StringVar(&cfg.data, "data", os.TempDir(), "directory for the servers' data (each cell gets a fresh one, removed after)")
 	fs.StringVar(&cfg.out, "out", "results", "directory for the JSON results and the plot")
 	fs.IntVar(&cfg.runs, "runs", 3, "runs; the table shows the median")
@@ -116,11 +147,12 @@ func runMain(args []string) error {
 		benchTime = s
 		return nil
 	})
+	fs.IntVar(&cfg.etcdWindow, "etcd-window", renewBatch, "keep-alives in flight on each etcd stream in the renew workload (1 to 100)")
 	fs.Int64Var(&cfg.maxOps, "max-ops", 2_000_000, "most operations per cell")
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
-	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-solo, fence-pg, pg-plain (default all)")
+	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, redis (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fenced, plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -138,6 +170,7 @@ func runMain(args []string) error {
 		knownW = append(knownW, c.workload)
 		knownS = append(knownS, c.systems...)
 	}
+	knownW = append(knownW, wlGuardedWrite)
 	for _, w := range cfg.only {
 		if !slices.Contains(knownW, w) {
 			return fmt.Errorf("-only: no workload %q", w)
@@ -168,6 +201,7 @@ func runMain(args []string) error {
 		Settings: map[string]string{
 			"time": cfg.duration.String(), "runs": fmt.Sprint(cfg.runs), "max_ops": fmt.Sprint(cfg.maxOps),
 			"leases": fmt.Sprint(cfg.leases), "redis_retry": cfg.redisRetry.String(), "data": cfg.data,
+			"renew_batch": fmt.Sprint(renewBatch), "etcd_window": fmt.Sprint(cfg.etcdWindow),
 		},
 	}
 	disk := diskOf(cfg.data)
@@ -183,14 +217,15 @@ func runMain(args []string) error {
 		logf("run %d/%d: disk %s: %.0f fdatasyncs/s, p50 %s, %.2f flushes each",
 			run, cfg.runs, disk, rate(p.Ops, p.Elapsed), p.P50, float64(p.Flushes)/float64(max(p.Ops, 1)))
 		for _, c := range allCells() {
-			if len(cfg.only) > 0 && !slices.Contains(cfg.only, c.workload) {
+			if len(cfg.only) > 0 && !slices.Contains(cfg.only, c.workload) &&
+				(storeOf(c.workload) == "" || !slices.Contains(cfg.only, wlGuardedWrite)) {
 				continue
 			}
 			for _, sys := range c.systems {
 				if len(cfg.systems) > 0 && !slices.Contains(cfg.systems, sys) {
 					continue
 				}
-				if cfg.postgres == "" && (sys == sysFencePG || sys == sysPlainPG) {
+				if storeOf(c.workload) == storePostgres && cfg.postgres == "" || storeOf(c.workload) == storeRedis && cfg.redis == "" {
 					continue
 				}
 				if err := ctx.Err(); err != nil {
@@ -203,9 +238,9 @@ func runMain(args []string) error {
 				m.Run = run
 				rep.Measurements = append(rep.Measurements, m)
 				n := time.Duration(max(m.Ops, 1))
-				logf("run %d: %-13s %2d clients %-13s %9.0f ops/s  p50 %-8s p99 %-8s p99.9 %-8s flushes/op %.2f  CPU/op %s + %s %s",
+				logf("run %d: %-22s %2d clients %-14s %9.0f ops/s  p50 %-8s p99 %-8s p99.9 %-8s flushes/op %.2f  CPU/op %s + %s  per worker %d-%d %s",
 					run, c.workload, c.clients, sys, rate(m.Ops, m.Elapsed), round(m.P50), round(m.P99), round(m.P999),
-					float64(m.Flushes)/float64(n), round(m.ServerCPU/n), round(m.ClientCPU/n), errNote(m))
+					float64(m.Flushes)/float64(n), round(m.ServerCPU/n), round(m.ClientCPU/n), m.WorkerMin, m.WorkerMax, errNote(m))
 			}
 		}
 	}
@@ -265,7 +300,7 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}()
 	a := clientArgs{
 		system: sys, workload: c.workload, clients: c.clients, duration: cfg.duration,
-		maxOps: cfg.maxOps, leases: cfg.leases, redisRetry: cfg.redisRetry,
+		maxOps: cfg.maxOps, leases: cfg.leases, redisRetry: cfg.redisRetry, etcdWindow: cfg.etcdWindow,
 	}
 	sub := func(name string) string {
 		d := filepath.Join(dir, name)
@@ -274,14 +309,15 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}
 	var p *proc
 	switch sys {
-	case sysFence, sysFencePG, sysFenceSolo:
+	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle:
+		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", fencedFlags[sys]...)
+	case sysFenced, sysPlain:
+		// The workers take their leases from fenced either way, and send
+		// their tokens either way: only the resource's guard differs.
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
-		if err == nil && sys != sysFencePG && c.workload == wlGuardedWrite {
+		if err == nil {
 			procs = append(procs, p)
-			p, a.addr.resource, err = startResource(sub("resource"), sys == sysFenceSolo)
-		}
-		if sys == sysFencePG {
-			a.addr.postgres = cfg.postgres
+			p, a.addr.resource, err = startResource(sub("resource"), storeOf(c.workload), sys == sysFenced, a.addr.fence, cfg.postgres, cfg.redis)
 		}
 	case sysEtcd:
 		p, a.addr.etcd, err = startEtcd(sub("etcd"))
@@ -289,8 +325,6 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), map[string]string{"appendonly": "yes", "appendfsync": "always"})
 	case sysRedisDefault:
 		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), nil)
-	case sysPlainPG:
-		a.addr.postgres = cfg.postgres
 	}
 	if p != nil {
 		procs = append(procs, p)
@@ -356,7 +390,7 @@ func versions(cfg config) map[string]string {
 		for _, d := range bi.Deps {
 			switch d.Path {
 			case "go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/client/v3", "github.com/redis/go-redis/v9",
-				"go.etcd.io/bbolt", "github.com/jackc/pgx/v5":
+				"go.etcd.io/bbolt", "github.com/jackc/pgx/v5", "modernc.org/sqlite":
 				v[d.Path] = d.Version
 			}
 		}

@@ -150,7 +150,8 @@ func reexec(role string, args ...string) (*exec.Cmd, error) {
 }
 
 // startFenced runs the real fenced binary with its default, durable
-// settings: a one-voter Raft cluster on raft-boltdb, fsync on. It listens
+// settings: a one-voter Raft cluster, its log in raft-wal (the default for
+// a new data directory), fsync on, tokens signed. It listens
 // on addr, or on a free port if addr is empty, with its data in dir/data;
 // extra flags come last.
 func startFenced(bin, dir, addr string, extra ...string) (*proc, string, error) {
@@ -191,14 +192,16 @@ func startEtcd(dir string) (*proc, string, error) {
 	return p, caddr, err
 }
 
-// startResource runs the bbolt service fenced by httpguard over boltguard's
-// Batched store, or with solo over the Store, one commit per write.
-func startResource(dir string, solo bool) (*proc, string, error) {
+// startResource runs the guarded-write resource on store, guarded by
+// fenced's tokens (their signatures verified with the keys fenced serves
+// at fencedAddr) or plain.
+func startResource(dir, store string, guarded bool, fencedAddr, pgDSN, redisURL string) (*proc, string, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, "", err
 	}
-	cmd, err := reexec(roleResource, "-dir", dir, "-listen", addr, fmt.Sprintf("-solo=%t", solo))
+	cmd, err := reexec(roleResource, "-dir", dir, "-listen", addr, "-store", store, fmt.Sprintf("-guard=%t", guarded),
+		"-keys", fencedAddr, "-postgres", pgDSN, "-redis", redisURL)
 	if err != nil {
 		return nil, "", err
 	}

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"go.etcd.io/bbolt"
+	_ "modernc.org/sqlite"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/httpguard"
+	"github.com/fence-dev/fence/guard/pgxguard"
+	"github.com/fence-dev/fence/guard/redisguard"
+	"github.com/fence-dev/fence/guard/sqlguard"
+	"github.com/fence-dev/fence/signing"
+)
+
+// The stores of the guarded-write workloads, as named after
+// "guarded-write-" in their workload.
+const (
+	storeBolt     = "bbolt"
+	storeSQLite   = "sqlite"
+	storePostgres = "postgres"
+	storeRedis    = "redis"
+)
+
+// The guarded write's tables and keys. Each cell drops and makes its
+// PostgreSQL tables again, and deletes its Redis keys when it ends: those
+// servers are shared with other runs.
+const (
+	dataTable   = "bench_peers_data"
+	fenceTable  = "bench_peers_fences"
+	redisPrefix = "bench-peers:"
+)
+
+var dataBucket = []byte("data")
+
+// resourceMain runs the resource of a guarded-write workload: an HTTP
+// service whose POST /write/SCOPE stores the request body under SCOPE in
+// one store (-store), durably as that store commits, with or without the
+// guard (-guard). The guarded one refuses a stale token and verifies each
+// token's signature with the public keys fenced serves (-keys), as a
+// resource given the service's keys runs it:
+//
+//   - bbolt: the write is a Put in a bbolt transaction (fsync on), and
+//     concurrent writes share a commit: DB.Batch when plain, boltguard's
+//     Batched store under httpguard when guarded (its mark checked and
+//     advanced in the same transaction).
+//   - sqlite: an upsert in a transaction (modernc.org/sqlite, WAL,
+//     synchronous FULL, one connection: SQLite has one writer), plain or
+//     under httpguard over sqlguard's Store (the fence table's
+//     conditional upsert in the same transaction).
+//   - postgres: an upsert in a transaction through pgx, plain
+//     (pgx.BeginFunc) or under httpguard over pgxguard's Store (BEGIN and
+//     the fence statement in one round trip, then the same upsert).
+//   - redis: a SET, plain, or redisguard.Guard's Set (one script: check
+//     the mark, SET, advance the mark), the token read from the request
+//     header. Not httpguard: its Redis store checks and records the mark in
+//     two more round trips around the handler, and redisguard's docs send
+//     Redis data to Guard.
+func resourceMain(args []string) error {
+	fs := flag.NewFlagSet(roleResource, flag.ContinueOnError)
+	dir := fs.String("dir", "", "data directory")
+	listen := fs.String("listen", "127.0.0.1:0", "HTTP address")
+	store := fs.String("store", storeBolt, "bbolt, sqlite, postgres or redis")
+	guarded := fs.Bool("guard", true, "fence the writes")
+	keysFrom := fs.String("keys", "", "fenced address whose public keys verify the tokens")
+	pgDSN := fs.String("postgres", "", "PostgreSQL DSN")
+	redisURL := fs.String("redis", "", "Redis URL")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	// PEERS_RESOURCE_PROFILE names a file for the resource's CPU profile,
+	// written when it stops: where a guarded write's time goes.
+	if path := os.Getenv("PEERS_RESOURCE_PROFILE"); path != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%s-%t", path, *store, *guarded))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var keys *signing.KeySet
+	if *guarded {
+		if *keysFrom == "" {
+			return errors.New("a guarded resource needs -keys")
+		}
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		keys, err = signing.Fetch(fctx, nil, *keysFrom)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	h, closeStore, err := resourceHandler(ctx, *store, keys, *dir, *pgDSN, *redisURL)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *store, err)
+	}
+	defer closeStore()
+	mux := http.NewServeMux()
+	mux.Handle("POST /write/{scope...}", h)
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	fmt.Println(readyLine)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// resourceHandler returns the write handler of one store, guarded by
+// tokens that keys verify or, with keys nil, not guarded, and a func that
+// closes the store.
+func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, dir, pgDSN, redisURL string) (http.Handler, func(), error) {
+	guarded := keys != nil
+	// The guard's scope is the path's: each worker writes its own.
+	scopeOf := httpguard.WithScopeFunc(func(r *http.Request) string { return r.PathValue("scope") })
+	fenced := func(s guard.Store, h http.HandlerFunc, opts ...httpguard.Option) (http.Handler, func(), error) {
+		mw, err := httpguard.Middleware(guard.New(s, guard.WithVerifier(keys)), "", append(opts, scopeOf)...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return mw(h), func() {}, nil
+	}
+	switch store {
+	case storeBolt:
+		s, err := boltguard.Open(filepath.Join(dir, "resource.db"))
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := s.DB().Update(func(tx *bbolt.Tx) error {
+			_, err := tx.CreateBucketIfNotExists(dataBucket)
+			return err
+		}); err != nil {
+			s.Close()
+			return nil, nil, err
+		}
+		put := func(tx *bbolt.Tx, r *http.Request, body []byte) error {
+			return tx.Bucket(dataBucket).Put([]byte(r.PathValue("scope")), body)
+		}
+		closer := func() { s.Close() }
+		if !guarded {
+			return write(func(r *http.Request, body []byte) error {
+				return s.DB().Batch(func(tx *bbolt.Tx) error { return put(tx, r, body) })
+			}), closer, nil
+		}
+		// The handler only writes in the store's transaction, so it may run
+		// again when bbolt retries a batch.
+		h, _, err := fenced(s.Batched(), write(func(r *http.Request, body []byte) error {
+			tx, ok := boltguard.TxFromContext(r.Context())
+			if !ok {
+				return errors.New("no transaction")
+			}
+			return put(tx, r, body)
+		}), httpguard.WithRepeats())
+		if err != nil {
+			closer()
+			return nil, nil, err
+		}
+		return h, closer, nil
+
+	case storeSQLite:
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "resource.sqlite")+
+			"?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
+		if err != nil {
+			return nil, nil, err
+		}
+		db.SetMaxOpenConns(1)
+		closer := func() { db.Close() }
+		upsert := "INSERT INTO " + dataTable + " (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+		if _, err := db.ExecContext(ctx, "CREATE TABLE "+dataTable+" (k TEXT PRIMARY KEY, v BLOB NOT NULL)"); err != nil {
+			closer()
+			return nil, nil, err
+		}
+		if !guarded {
+			return write(func(r *http.Request, body []byte) error {
+				tx, err := db.BeginTx(r.Context(), nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				if _, err := tx.ExecContext(r.Context(), upsert, r.PathValue("scope"), body); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}), closer, nil
+		}
+		s, err := sqlguard.New(db, sqlguard.SQLite)
+		if err == nil {
+			err = s.CreateTable(ctx)
+		}
+		if err != nil {
+			closer()
+			return nil, nil, err
+		}
+		h, _, err := fenced(s, write(func(r *http.Request, body []byte) error {
+			tx, ok := sqlguard.TxFromContext(r.Context())
+			if !ok {
+				return errors.New("no transaction")
+			}
+			_, err := tx.ExecContext(r.Context(), upsert, r.PathValue("scope"), body)
+			return err
+		}))
+		if err != nil {
+			closer()
+			return nil, nil, err
+		}
+		return h, closer, nil
+
+	case storePostgres:
+		pool, err := pgxpool.New(ctx, pgDSN)
+		if err != nil {
+			return nil, nil, err
+		}
+		closer := pool.Close
+		for _, q := range []string{
+			"DROP TABLE IF EXISTS " + dataTable, "DROP TABLE IF EXISTS " + fenceTable,
+			"CREATE TABLE " + dataTable + " (k TEXT PRIMARY KEY, v BYTEA NOT NULL)",
+		} {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				closer()
+				return nil, nil, err
+			}
+		}
+		upsert := "INSERT INTO " + dataTable + " (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+		if !guarded {
+			return write(func(r *http.Request, body []byte) error {
+				return pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(r.Context(), upsert, r.PathValue("scope"), body)
+					return err
+				})
+			}), closer, nil
+		}
+		s, err := pgxguard.New(pool, fenceTable)
+		if err == nil {
+			err = s.CreateTable(ctx)
+		}
+		if err != nil {
+			closer()
+			return nil, nil, err
+		}
+		h, _, err := fenced(s, write(func(r *http.Request, body []byte) error {
+			tx, ok := pgxguard.TxFromContext(r.Context())
+			if !ok {
+				return errors.New("no transaction")
+			}
+			_, err := tx.Exec(r.Context(), upsert, r.PathValue("scope"), body)
+			return err
+		}))
+		if err != nil {
+			closer()
+			return nil, nil, err
+		}
+		return h, closer, nil
+
+	case storeRedis:
+		ro, err := redis.ParseURL(redisURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		ro.PoolSize, ro.MinIdleConns = 128, 64
+		rdb := redis.NewClient(ro)
+		g := redisguard.New(rdb, redisguard.WithPrefix(redisPrefix), redisguard.WithVerifier(keys))
+		// The scopes this resource wrote, to leave the shared Redis as it was
+		// found.
+		var written sync.Map
+		closer := func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			written.Range(func(k, _ any) bool {
+				scope := k.(string)
+				rdb.Del(cctx, redisguard.Key(scope, "data"), g.MarkKey(scope))
+				return true
+			})
+			rdb.Close()
+		}
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			closer()
+			return nil, nil, err
+		}
+		// The scope's hash tag in the key, as redisguard wants it.
+		key := func(r *http.Request) string {
+			scope := r.PathValue("scope")
+			written.Store(scope, true)
+			return redisguard.Key(scope, "data")
+		}
+		if !guarded {
+			return write(func(r *http.Request, body []byte) error {
+				return rdb.Set(r.Context(), key(r), body, 0).Err()
+			}), closer, nil
+		}
+		return write(func(r *http.Request, body []byte) error {
+			tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
+			if err != nil {
+				return badRequest{err}
+			}
+			return g.Set(r.Context(), guard.Write{Token: tok}, key(r), body, 0)
+		}), closer, nil
+	}
+	return nil, nil, fmt.Errorf("no store %q", store)
+}
+
+// badRequest is a write refused for what the request carried.
+type badRequest struct{ error }
+
+// write returns the handler that stores the request body with store:
+// 204 when it did, 409 for a stale token, 400 for a bad one.
+func write(store func(r *http.Request, body []byte) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		err = store(r, body)
+		var stale *guard.StaleError
+		var bad badRequest
+		switch {
+		case err == nil:
+			w.WriteHeader(http.StatusNoContent)
+		case errors.As(err, &stale):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case errors.As(err, &bad), errors.Is(err, fence.ErrInvalid):
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		default:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}
+}
