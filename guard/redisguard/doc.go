@@ -37,10 +37,15 @@
 // WithPrefix) with the fields token and seq, stored as decimal strings.
 // The braces make s the key's hash tag. In Redis Cluster a script may touch
 // only keys of one slot, so every data key of a fenced write must carry the
-// same tag: build them with Key(s, name), which gives "{s}:name". On a
-// single Redis any key names work, except that a key tagged with another
-// scope is refused (guard.ErrWrongScope): a token of scope t cannot write
-// Key(s, name).
+// same tag: build them with Key(s, name), which gives "{s}:name".
+//
+// The tag is also what says which scope a key belongs to, on a single
+// Redis as in a cluster: a write is refused (guard.ErrWrongScope, nothing
+// changed) unless every key it touches carries its token's scope as its
+// hash tag. A token of scope t cannot write Key(s, name), nor a key with
+// no tag, which no scope's lease would otherwise own. A keyspace whose
+// names do not carry their scope can say which scope each key belongs to
+// with WithKeyScope instead. No write may touch a mark key (fence.ErrInvalid).
 //
 // Tokens and sequence numbers are unsigned 64-bit integers. Lua numbers in
 // Redis are doubles, exact only to 2^53, so the scripts never convert them:

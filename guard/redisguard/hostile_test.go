@@ -3,6 +3,7 @@ package redisguard_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/fence-dev/fence"
@@ -113,8 +114,87 @@ func TestAnotherScopesKeyIsRefused(t *testing.T) {
 			t.Errorf("mark of %q %+v, %v; want none", sc, m, err)
 		}
 	}
-	// A key without a tag stays open to any scope on a single Redis.
-	if err := g.Set(ctx, w, "untagged-"+other, "ok", 0); err != nil {
-		t.Errorf("an untagged key: %v", err)
+}
+
+// writes are the Guard's fenced commands, each writing key (the hash and
+// counter commands a key of their own beside it).
+func writes(g *redisguard.Guard, w guard.Write, key string) map[string]func() error {
+	return map[string]func() error{
+		"set":    func() error { return g.Set(ctx, w, key, "evil", 0) },
+		"del":    func() error { _, err := g.Del(ctx, w, key); return err },
+		"hset":   func() error { _, err := g.HSet(ctx, w, key+"-h", "f", "x"); return err },
+		"incrby": func() error { _, err := g.IncrBy(ctx, w, key+"-n", 1); return err },
+		"eval": func() error {
+			_, err := g.Eval(ctx, w, `return redis.call('SET', KEYS[1], 'evil')`, []string{key})
+			return err
+		},
+	}
+}
+
+// TestUntaggedKeyIsRefused: a key without a hash tag belongs to no scope,
+// so no token may write it, on a single Redis as in a cluster. The error
+// says which keys the token may write; nothing is written and the mark
+// does not move.
+func TestUntaggedKeyIsRefused(t *testing.T) {
+	rdb := testRedis(t)
+	g := redisguard.New(rdb)
+	sc := newScope(t, rdb)
+	key := "untagged-" + sc
+	t.Cleanup(func() { rdb.Del(context.Background(), key, key+"-h", key+"-n") })
+	for name, write := range writes(g, wr(sc, 7, 0), key) {
+		err := write()
+		if !errors.Is(err, guard.ErrWrongScope) || !strings.Contains(err.Error(), "{"+sc+"}") {
+			t.Errorf("%s of %q: %v, want ErrWrongScope naming the tag {%s}", name, key, err, sc)
+		}
+	}
+	if n, _ := rdb.Exists(ctx, key, key+"-h", key+"-n").Result(); n != 0 {
+		t.Errorf("%d refused writes left keys behind", n)
+	}
+	if m, err := g.Highest(ctx, sc); err != nil || m != (guard.Mark{}) {
+		t.Errorf("mark of %q %+v, %v; want none", sc, m, err)
+	}
+}
+
+// TestMarkKeyIsRefused: the mark key carries its scope's tag, but no
+// write, even with a current token of that scope, may overwrite or delete
+// it: a deleted mark would let every older token write again.
+func TestMarkKeyIsRefused(t *testing.T) {
+	rdb := testRedis(t)
+	g := redisguard.New(rdb)
+	sc := newScope(t, rdb)
+	if err := g.Set(ctx, wr(sc, 5, 0), redisguard.Key(sc, "v"), "v5", 0); err != nil {
+		t.Fatal(err)
+	}
+	for name, write := range writes(g, wr(sc, 6, 0), g.MarkKey(sc)) {
+		if name == "hset" || name == "incrby" {
+			continue // their keys are beside the mark's
+		}
+		if err := write(); !errors.Is(err, fence.ErrInvalid) {
+			t.Errorf("%s of the mark key %q: %v, want an invalid-argument error", name, g.MarkKey(sc), err)
+		}
+	}
+	if m, err := g.Highest(ctx, sc); err != nil || m != (guard.Mark{Token: 5}) {
+		t.Errorf("mark of %q %+v, %v; want token 5", sc, m, err)
+	}
+}
+
+// TestKeyScope: with WithKeyScope the Guard asks which scope a key
+// belongs to instead of reading its tag: a token writes the keys given to
+// its scope, tagged or not, and is refused the others.
+func TestKeyScope(t *testing.T) {
+	rdb := testRedis(t)
+	mine, other := newScope(t, rdb), newScope(t, rdb)
+	owner := map[string]string{"legacy-a-" + mine: mine, "legacy-b-" + mine: other}
+	g := redisguard.New(rdb, redisguard.WithKeyScope(func(key string) string { return owner[key] }))
+	t.Cleanup(func() { rdb.Del(context.Background(), "legacy-a-"+mine, "legacy-b-"+mine) })
+	if err := g.Set(ctx, wr(mine, 3, 0), "legacy-a-"+mine, "v", 0); err != nil {
+		t.Errorf("a key given to the token's scope: %v", err)
+	}
+	err := g.Set(ctx, wr(mine, 3, 0), "legacy-b-"+mine, "v", 0)
+	if !errors.Is(err, guard.ErrWrongScope) || !strings.Contains(err.Error(), "WithKeyScope") {
+		t.Errorf("a key given to another scope: %v, want ErrWrongScope naming WithKeyScope", err)
+	}
+	if n, _ := rdb.Exists(ctx, "legacy-b-"+mine).Result(); n != 0 {
+		t.Error("the refused write left its key behind")
 	}
 }

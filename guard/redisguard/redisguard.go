@@ -96,11 +96,12 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	prefix string
-	strict bool
-	log    *slog.Logger
-	obs    guard.Observer
-	verify guard.Verifier
+	prefix   string
+	strict   bool
+	log      *slog.Logger
+	obs      guard.Observer
+	verify   guard.Verifier
+	keyScope func(key string) string
 }
 
 // WithVerifier makes a Guard accept only tokens v verifies (see
@@ -124,6 +125,17 @@ func WithObserver(o guard.Observer) Option { return optionFunc(func(c *config) {
 // WithPrefix replaces DefaultPrefix: the mark of scope s becomes the hash
 // prefix+"{"+s+"}".
 func WithPrefix(p string) Option { return optionFunc(func(c *config) { c.prefix = p }) }
+
+// WithKeyScope makes a Guard ask f which scope each data key belongs to,
+// instead of reading the key's hash tag: for a single Redis whose keys do
+// not carry their scope in braces. A write is refused unless f names the
+// scope of its token for every key it touches, so f must give every key
+// exactly one scope, the one whose lease may write it; f must be safe for
+// concurrent use. Redis Cluster needs the hash tags anyway (a script's
+// keys must share the mark's slot): use Key there. A Store ignores it.
+func WithKeyScope(f func(key string) string) Option {
+	return optionFunc(func(c *config) { c.keyScope = f })
+}
 
 func newConfig(opts []Option) config {
 	c := config{prefix: DefaultPrefix, log: slog.Default()}
@@ -254,6 +266,32 @@ func hashTag(key string) (string, bool) {
 	return key[i+1 : i+1+j], true
 }
 
+// owns refuses a key that does not belong to scope: by default, one whose
+// hash tag is not scope; with WithKeyScope, one that f gives to another
+// scope. A token of one scope must never write another scope's data, nor,
+// under any token, a mark.
+func (g *Guard) owns(scope, key string) error {
+	if tag, ok := hashTag(key); key == g.MarkKey(scope) || ok && key == g.MarkKey(tag) {
+		return &fence.InvalidError{Field: "keys", Reason: fmt.Sprintf("%q is a fencing mark, which only the guard writes", key)}
+	}
+	if g.cfg.keyScope != nil {
+		if s := g.cfg.keyScope(key); s != scope {
+			return fmt.Errorf("%w: key %q belongs to scope %q; a token of scope %q writes only the keys WithKeyScope gives to it",
+				guard.ErrWrongScope, key, s, scope)
+		}
+		return nil
+	}
+	allowed := fmt.Sprintf("a token of scope %q writes only keys tagged {%s}, such as %q (see Key)", scope, scope, Key(scope, "name"))
+	tag, ok := hashTag(key)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: key %q has no hash tag; %s", guard.ErrWrongScope, key, allowed)
+	case tag != scope:
+		return fmt.Errorf("%w: key %q belongs to scope %q; %s", guard.ErrWrongScope, key, tag, allowed)
+	}
+	return nil
+}
+
 // run validates w, runs a fenced script and decodes its reply.
 func (g *Guard) run(ctx context.Context, s *redis.Script, w guard.Write, op string, keys []string, args ...any) (any, error) {
 	if g.cfg.verify != nil {
@@ -262,8 +300,8 @@ func (g *Guard) run(ctx context.Context, s *redis.Script, w guard.Write, op stri
 		}
 	}
 	for _, k := range keys {
-		if tag, ok := hashTag(k); ok && tag != w.Token.Scope {
-			return nil, fmt.Errorf("%w: %s presented for key %q of scope %q", guard.ErrWrongScope, w.Token, k, tag)
+		if err := g.owns(w.Token.Scope, k); err != nil {
+			return nil, err
 		}
 	}
 	r, err := run(ctx, g.rdb, g.cfg.prefix, s, w, g.cfg.strict, keys, args...)
