@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -69,4 +70,29 @@ func ExampleGuard_Eval() {
 	// Output:
 	// 1 <nil>
 	// true
+}
+
+// Keys that do not carry their scope in braces, as on a single Redis with
+// an older naming scheme, are refused unless WithKeyScope says which scope
+// each belongs to: here "orders:shard-7:total" to "example/orders/shard-7".
+func ExampleWithKeyScope() {
+	ctx := context.Background()
+	rdb := redis.NewClient(redisOptions())
+	defer rdb.Close()
+	const scope = "example/orders/shard-7"
+	const key = "orders:shard-7:total"
+	w := guard.Write{Token: fence.Token{Scope: scope, Value: 42}}
+
+	err := redisguard.New(rdb).Set(ctx, w, key, "10", 0)
+	fmt.Println(errors.Is(err, guard.ErrWrongScope))
+
+	g := redisguard.New(rdb, redisguard.WithKeyScope(func(key string) string {
+		shard, _, _ := strings.Cut(strings.TrimPrefix(key, "orders:"), ":")
+		return "example/orders/" + shard
+	}))
+	rdb.Del(ctx, g.MarkKey(scope), key) // afresh: the example runs again and again
+	fmt.Println(g.Set(ctx, w, key, "10", 0), rdb.Get(ctx, key).Val())
+	// Output:
+	// true
+	// <nil> 10
 }
