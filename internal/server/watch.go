@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"connectrpc.com/connect"
@@ -19,6 +18,11 @@ import (
 
 // watchBatch bounds the events of one watch response.
 const watchBatch = 256
+
+// watchHeldPage bounds the held leases of one watch response, and how many
+// are copied out of the state at a time: a watch of a million held leases
+// sends them a thousand at a time instead of in one message.
+const watchHeldPage = 1000
 
 // watchProgress is how far a watch's position may move on without being
 // sent, when no event matches its prefix: a watcher that reconnects must
@@ -49,11 +53,30 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	first := &fencev1.WatchResponse{}
 	if m.IncludeHeld {
 		// After taking the position, so that nothing granted in between
-		// is missed (it may be sent twice: held, then granted).
-		var held []fsm.ScopeInfo
-		s.node.Read(func(st *fsm.State) { held = st.Held(m.Prefix, "", math.MaxInt) })
-		for _, in := range held {
-			first.Events = append(first.Events, heldEvent(in))
+		// is missed (it may be sent twice: held, then granted). Every page
+		// but the last goes out alone, resuming at the start position; a
+		// lease released between pages is missed by no one either: its
+		// release comes after that position.
+		after := ""
+		for {
+			var held []fsm.ScopeInfo
+			s.node.Read(func(st *fsm.State) { held = st.Held(m.Prefix, after, watchHeldPage+1) })
+			more := len(held) > watchHeldPage
+			if more {
+				held = held[:watchHeldPage]
+			}
+			for _, in := range held {
+				first.Events = append(first.Events, heldEvent(in))
+			}
+			if !more {
+				break
+			}
+			first.NextPosition = from
+			if err := stream.Send(first); err != nil {
+				return err
+			}
+			after = held[len(held)-1].Scope
+			first = &fencev1.WatchResponse{}
 		}
 	}
 	events, next, changed, err := s.events.read(from, m.Prefix, watchBatch)
