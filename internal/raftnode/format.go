@@ -154,6 +154,9 @@ func (n *Node) raiseFormat(ctx context.Context) {
 				err = r.Err
 			}
 			if err == nil {
+				if n.cfg.Logger != nil {
+					n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
+				}
 				continue
 			}
 			n.logWarn("raising the log format", "err", err)
