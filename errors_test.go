@@ -11,7 +11,7 @@ import (
 
 var sentinels = []error{
 	fence.ErrInvalid, fence.ErrHeld, fence.ErrLeaseLost, fence.ErrNotHolder,
-	fence.ErrStale, fence.ErrTokensExhausted, fence.ErrUnavailable, fence.ErrMissedEvents,
+	fence.ErrStale, fence.ErrTokensExhausted, fence.ErrUnavailable, fence.ErrMissedEvents, fence.ErrClosed,
 }
 
 // wrappings are the ways a caller receives an error: as is, wrapped once
