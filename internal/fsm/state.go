@@ -549,11 +549,17 @@ func (s *State) setFormat(c Command) Result {
 
 func (s *State) promote() Result {
 	r := Result{Outcome: NoOp}
-	for _, name := range s.sortedScopes("") {
-		sc := s.scopes[name]
-		if len(sc.waiters()) == 0 {
-			continue
+	// Only the scopes with waiters are sorted, for the events' order: a
+	// new leader takes office with up to a million held scopes.
+	var names []string
+	for name, sc := range s.scopes {
+		if len(sc.waiters()) > 0 {
+			names = append(names, name)
 		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		sc := s.scopes[name]
 		for _, w := range sc.waiters() {
 			r.Events = append(r.Events, Event{Kind: EventCancelled, Scope: name, Lease: w.lease()})
 		}
