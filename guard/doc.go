@@ -37,7 +37,9 @@
 //
 // A Store may run apply more than once for one write, to commit
 // concurrent writes together (a Repeater, such as boltguard's Batched
-// store); only the last run's effects are kept.
+// store); only the last run's effects are kept. The HTTP and gRPC
+// adapters, which run a caller's handler as apply, accept such a store
+// only when told the handlers allow it (their WithRepeats options).
 //
 // This package depends on the standard library and fence only.
 package guard

@@ -64,16 +64,19 @@ func (w rowWriter) StreamingInputCall(stream grpc.ClientStreamingServer[testgrpc
 // and then returns an error has failed, so its rows must not land, and the
 // caller gets its error. Its token still becomes the scope's highest, so an
 // older token is refused after it; its sequence number does not, so a
-// retry with the same one is accepted.
+// retry with the same one is accepted. boltguard's Batched store, which
+// fences unary calls only, runs a failed handler again on its own, with
+// the same outcome.
 func TestFailedHandlerRollsBack(t *testing.T) {
-	for _, st := range []txstore.Store{txstore.Bolt(t, false), txstore.SQLite(t)} {
+	for _, st := range []txstore.Store{txstore.Bolt(t, false), txstore.Bolt(t, true), txstore.SQLite(t)} {
 		t.Run(st.Name, func(t *testing.T) {
 			g := guard.New(st.Store, guard.WithStrictSequence(), guard.WithLogger(slog.New(slog.DiscardHandler)))
 			rows := grpcguard.Methods("rows", unaryMethod, streamMethod)
-			srv := grpc.NewServer(
-				grpc.ChainUnaryInterceptor(mustUnary(t, g, rows)),
-				grpc.ChainStreamInterceptor(mustStream(t, g, rows)),
-			)
+			opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(mustUnary(t, g, rows, grpcguard.WithRepeats()))}
+			if !g.Repeats() {
+				opts = append(opts, grpc.ChainStreamInterceptor(mustStream(t, g, rows)))
+			}
+			srv := grpc.NewServer(opts...)
 			testgrpc.RegisterTestServiceServer(srv, rowWriter{st: st})
 			c := dial(t, serve(t, srv))
 			call := func(tok, seq uint64) context.Context {
@@ -88,6 +91,9 @@ func TestFailedHandlerRollsBack(t *testing.T) {
 				},
 				"stream": func(ctx context.Context, bodies ...string) error { return putStream(ctx, c, bodies...) },
 			} {
+				if name == "stream" && g.Repeats() {
+					continue
+				}
 				tok += 10
 				before := st.Rows(t)
 				err := write(call(tok, 1), "r", "fail")
