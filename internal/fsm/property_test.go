@@ -508,7 +508,12 @@ func (r *run) compare(t *rapid.T, i int) {
 	for _, name := range r.scopes {
 		in, ms := r.s.Get(name), r.m.scopes[name]
 		if ms == nil {
-			ms = &mScope{}
+			ms = &mScope{last: r.m.floor}
+		}
+		// Last is never below a token the scope was granted, forgotten
+		// or not.
+		if in.Last < r.last[name] {
+			t.Fatalf("step %d: %s reports last %d, below its granted token %d", i, name, in.Last, r.last[name])
 		}
 		if in.Last != ms.last || in.Waiters != len(ms.queue) || (in.Lease == nil) != (ms.holder == nil) {
 			t.Fatalf("step %d: %s = %+v, model last %d, %d waiters, holder %v", i, name, in, ms.last, len(ms.queue), ms.holder)

@@ -607,18 +607,20 @@ func (s *State) Check(name string, id fence.LeaseID) Result {
 // ScopeInfo is what a query reports about one scope.
 type ScopeInfo struct {
 	Scope   string
-	Last    uint64 // highest token ever issued, 0 if never granted or its record was dropped
+	Last    uint64 // highest token ever issued; for a scope without a record, the floor (see Get)
 	Lease   *Lease // the current lease, nil if free
 	Waiters int
 }
 
-// Get reports the state of one scope. A scope never acquired, or idle so
-// long that its record was dropped, has Last 0; its next token is still
-// above every token it had.
+// Get reports the state of one scope. A scope without a record (never
+// acquired, or idle so long that its record was dropped) reports the
+// floor as Last: at least every token it was ever granted, and below
+// every token it will be, which is what a reader checking tokens against
+// Last relies on. Under log format 1 the floor is 0.
 func (s *State) Get(name string) ScopeInfo {
 	sc := s.scopes[name]
 	if sc == nil {
-		return ScopeInfo{Scope: name}
+		return ScopeInfo{Scope: name, Last: s.floor}
 	}
 	return sc.info(name)
 }
