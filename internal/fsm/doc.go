@@ -39,7 +39,9 @@
 // answers Lost, and a renew or release with a superseded lease ID answers
 // Lost. Once a scope's record is dropped, the retried acquire is granted
 // anew (a token above the floor) and the renew or release answers
-// NotHolder: either way the caller learns that its old lease is gone.
+// NotHolder: either way the caller learns that its old lease is gone. Get
+// reports the floor as the Last token of a scope without a record: at
+// least every token it had, below every token it will have.
 //
 // # Caveats
 //

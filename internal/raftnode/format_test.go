@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -62,6 +64,20 @@ func TestUnknownEntryHalts(t *testing.T) {
 			t.Errorf("before: %+v, after: %+v, format %d; want only the entry before applied", st.Get("before"), st.Get("after"), st.Format())
 		}
 	})
+}
+
+// TestRestoreRefusesNewerFormat: a snapshot of a log format this build
+// does not know is refused, and the state kept, rather than restored in
+// part.
+func TestRestoreRefusesNewerFormat(t *testing.T) {
+	n := &Node{state: fsm.New()}
+	before := n.state
+	body := `{"scopes":[],"format":99}`
+	snap := fmt.Sprintf("fence-fsm-snapshot v1 crc32c=%08x\n%s", crc32.Checksum([]byte(body), crc32.MakeTable(crc32.Castagnoli)), body)
+	err := (*machine)(n).Restore(io.NopCloser(strings.NewReader(snap)))
+	if !errors.Is(err, fsm.ErrUnknownEntry) || n.state != before {
+		t.Fatalf("Restore of a snapshot of format 99: %v (state replaced: %v), want ErrUnknownEntry and the state kept", err, n.state != before)
+	}
 }
 
 // TestUnknownEntryStopsTheProcess writes an entry of a newer format into a
