@@ -121,13 +121,11 @@ func resourceMain(args []string) error {
 		return fmt.Errorf("%s: %w", *store, err)
 	}
 	defer closeStore()
-	mux := http.NewServeMux()
-	mux.Handle("POST /write/{scope...}", h)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: routes(h), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	fmt.Println(readyLine)
@@ -141,6 +139,13 @@ func resourceMain(args []string) error {
 	return srv.Shutdown(sctx)
 }
 
+// routes serves write at POST /write/SCOPE.
+func routes(write http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /write/{scope...}", write)
+	return mux
+}
+
 // resourceHandler returns the write handler of one store, guarded by
 // tokens that keys verify or, with keys nil, not guarded, and a func that
 // closes the store.
@@ -148,12 +153,12 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 	guarded := keys != nil
 	// The guard's scope is the path's: each worker writes its own.
 	scopeOf := httpguard.WithScopeFunc(func(r *http.Request) string { return r.PathValue("scope") })
-	fenced := func(s guard.Store, h http.HandlerFunc, opts ...httpguard.Option) (http.Handler, func(), error) {
+	fenced := func(s guard.Store, h http.HandlerFunc, opts ...httpguard.Option) (http.Handler, error) {
 		mw, err := httpguard.Middleware(guard.New(s, guard.WithVerifier(keys)), "", append(opts, scopeOf)...)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return mw(h), func() {}, nil
+		return mw(h), nil
 	}
 	switch store {
 	case storeBolt:
@@ -179,7 +184,7 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 		}
 		// The handler only writes in the store's transaction, so it may run
 		// again when bbolt retries a batch.
-		h, _, err := fenced(s.Batched(), write(func(r *http.Request, body []byte) error {
+		h, err := fenced(s.Batched(), write(func(r *http.Request, body []byte) error {
 			tx, ok := boltguard.TxFromContext(r.Context())
 			if !ok {
 				return errors.New("no transaction")
@@ -226,7 +231,7 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 			closer()
 			return nil, nil, err
 		}
-		h, _, err := fenced(s, write(func(r *http.Request, body []byte) error {
+		h, err := fenced(s, write(func(r *http.Request, body []byte) error {
 			tx, ok := sqlguard.TxFromContext(r.Context())
 			if !ok {
 				return errors.New("no transaction")
@@ -272,7 +277,7 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 			closer()
 			return nil, nil, err
 		}
-		h, _, err := fenced(s, write(func(r *http.Request, body []byte) error {
+		h, err := fenced(s, write(func(r *http.Request, body []byte) error {
 			tx, ok := pgxguard.TxFromContext(r.Context())
 			if !ok {
 				return errors.New("no transaction")
