@@ -187,3 +187,39 @@ func ExampleClient_RenewBatch() {
 	// shard/2 lost: stop writing with its token
 	// shard/3 renewed for 10s
 }
+
+// Close ends the leases the client keeps alive and releases them: their
+// holders learn at once, and the scopes are free for the next holder.
+func ExampleClient_Close() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	ctx := context.Background()
+	c := srv.Client()
+	lease, err := c.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	if err := c.Close(); err != nil {
+		log.Fatal(err)
+	}
+	<-lease.Done()
+	fmt.Println(lease.Err())
+	_, err = c.Acquire(ctx, "orders")
+	fmt.Println(errors.Is(err, fence.ErrClosed))
+
+	other := srv.Client()
+	defer other.Close()
+	next, err := other.Acquire(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(next.Token())
+	if err := next.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// lease on "orders" with token 1 is lost: its client was closed
+	// true
+	// fence:v1:orders:2
+}
