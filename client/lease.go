@@ -85,7 +85,9 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), validUntil: sent.Add(info.TTL - margin)}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := c.keep(l); err != nil {
-		return abandon(fmt.Errorf("acquire %q: %w", scope, err))
+		err = fmt.Errorf("acquire %q: %w", scope, err)
+		l.cancel(err)
+		return abandon(err)
 	}
 	l.wg.Add(1)
 	go l.keepAlive(sent)
