@@ -20,6 +20,7 @@ import (
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/raftnode"
+	"github.com/fence-dev/fence/internal/status"
 	"github.com/fence-dev/fence/internal/wire"
 )
 
@@ -62,7 +63,7 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		// to retry instead of a stream reset it cannot classify. Streaming
 		// calls are passed through as they come.
 		ModifyResponse: func(resp *http.Response) error {
-			if strings.HasSuffix(resp.Request.URL.Path, "/Watch") || resp.Request.URL.Path == eventsPath {
+			if strings.HasSuffix(resp.Request.URL.Path, "/Watch") || resp.Request.URL.Path == status.EventsPath {
 				return nil
 			}
 			b, err := io.ReadAll(resp.Body)

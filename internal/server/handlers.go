@@ -13,6 +13,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/internal/authz"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/wire"
 )
@@ -51,14 +52,14 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
 		MaxWaiters: s.cfg.MaxWaiters,
 	}
-	c.Owner, _ = ctx.Value(identityKey{}).(string)
+	c.Owner = authz.Identity(ctx)
 	if err := c.Validate(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	if err := s.owners.check(c.Owner, s.cfg.MaxLeasesPerIdentity); err != nil {
+	if err := s.owners.Check(c.Owner, s.cfg.MaxLeasesPerIdentity); err != nil {
 		return nil, err
 	}
 	r, err := s.lessor.Acquire(ctx, c)

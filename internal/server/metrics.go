@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
 )
 
@@ -101,9 +102,9 @@ func (m *metrics) handler() http.Handler {
 }
 
 // event counts a lease event.
-func (m *metrics) event(e leaseEvent) {
+func (m *metrics) event(e eventlog.Event) {
 	switch e.Kind {
-	case kindGranted:
+	case eventlog.Granted:
 		m.grants.Inc()
 		m.mu.Lock()
 		prev, seen := m.lastHolder[e.Scope]
@@ -115,19 +116,19 @@ func (m *metrics) event(e leaseEvent) {
 		if seen && prev != e.Holder {
 			m.transitions.Inc()
 		}
-	case kindRenewed:
+	case eventlog.Renewed:
 		m.renewals.Inc()
-	case kindReleased:
+	case eventlog.Released:
 		m.releases.Inc()
-	case kindExpired:
+	case eventlog.Expired:
 		m.expirations.Inc()
-	case kindLost:
+	case eventlog.Lost:
 		m.losses.Inc()
 	}
 }
 
 // rejected counts a reported stale rejection.
-func (m *metrics) rejected(r rejection) {
+func (m *metrics) rejected(r eventlog.Rejection) {
 	m.rejections.Inc()
 	m.tokenGap.Observe(float64(r.Highest - r.Presented))
 }

@@ -1,6 +1,9 @@
 // Package server is fenced: the lease service's RPC handlers, the stamping
-// of commands with time and lease IDs, and the leader-only expiry loop, on
-// top of a raftnode.Node.
+// of commands with time and lease IDs, forwarding to the leader, and the
+// wiring of the parts on top of a raftnode.Node: the lease lifecycle
+// (internal/lessor), the recent events and reported rejections
+// (internal/eventlog), authorization (internal/authz) and the status page
+// (internal/status).
 package server
 
 import (
@@ -18,10 +21,14 @@ import (
 
 	"connectrpc.com/connect"
 
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/authz"
+	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/lessor"
 	"github.com/fence-dev/fence/internal/raftnode"
+	"github.com/fence-dev/fence/internal/status"
 )
 
 // maxRequestBytes bounds an API request body. The largest valid requests, a
@@ -35,9 +42,10 @@ type Server struct {
 	log      *slog.Logger
 	node     *raftnode.Node
 	lessor   *lessor.Lessor
-	metrics  *metrics   // metrics.go
-	events   *eventRing // ring.go: recent lease events, for watchers
-	rejected *rejectionLog
+	metrics  *metrics       // metrics.go
+	events   *eventlog.Ring // recent lease events, for watchers
+	rejected *eventlog.Rejections
+	status   *status.Page
 
 	http   *http.Server
 	ln     net.Listener
@@ -46,8 +54,8 @@ type Server struct {
 	failed chan error             // a background task's fatal error
 
 	signer signer
-	auth   *Auth // nil: no authentication
-	owners owners
+	auth   *authz.Auth // nil: no authentication
+	owners authz.Owners
 
 	closeOnce sync.Once // Close may be called more than once
 	closeErr  error
@@ -68,7 +76,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, failed: make(chan error, 1), leaderGen: make(chan struct{})}
 	if cfg.AuthFile != "" {
-		a, err := LoadAuth(cfg.AuthFile)
+		a, err := authz.Load(cfg.AuthFile)
 		if err != nil {
 			return nil, err
 		}
@@ -82,8 +90,8 @@ func Start(cfg Config) (*Server, error) {
 	s.proxy = s.newProxy(peerTransport)
 	s.metrics = newMetrics(s)
 	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued})
-	s.events = newEventRing(ringSize)
-	s.rejected = newRejectionLog()
+	s.events = eventlog.NewRing(eventlog.RingSize)
+	s.rejected = eventlog.NewRejections()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
@@ -121,6 +129,18 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.node = node
 	s.lessor.Open(node)
+	s.status = status.New(status.Config{
+		NodeID: cfg.NodeID, Logger: cfg.Logger, Node: node, Lessor: s.lessor,
+		Events: s.events, Rejected: s.rejected, Readiness: s.readiness,
+		Cluster: func(ctx context.Context) (*fencev1.StatusResponse, error) {
+			resp, err := cluster{s}.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+			if err != nil {
+				return nil, err
+			}
+			return resp.Msg, nil
+		},
+		LeaderChange: s.leaderGeneration,
+	})
 
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
@@ -130,7 +150,7 @@ func Start(cfg Config) (*Server, error) {
 		connect.WithInterceptors(s.metrics.interceptor()),
 	}
 	if s.auth != nil {
-		opts = append(opts, connect.WithInterceptors(authorizer{s.auth}))
+		opts = append(opts, connect.WithInterceptors(s.auth.Interceptor()))
 	}
 	mux.Handle(fencev1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
@@ -198,7 +218,7 @@ func (s *Server) Close(ctx context.Context) error {
 
 func (s *Server) close(ctx context.Context) error {
 	s.lessor.Close()
-	s.events.close() // ends watches, which Shutdown would wait for
+	s.events.Close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
 	if err != nil {
 		s.http.Close()
@@ -239,7 +259,7 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	if err := s.ensureKey(ctx); err != nil {
 		return fmt.Errorf("create the token-signing key: %w", err)
 	}
-	s.node.Read(func(st *fsm.State) { s.owners.reset(st.Leases()) })
+	s.node.Read(func(st *fsm.State) { s.owners.Reset(st.Leases()) })
 	return nil
 }
 
@@ -249,12 +269,12 @@ func (s *Server) onEvents(events []fsm.Event) {
 	serving := s.lessor.Ready()
 	s.lessor.Applied(events, now)
 	for _, e := range events {
-		s.owners.event(e)
+		s.owners.Event(e)
 		// While the log is replayed at start-up, the transitions are old
 		// news: log only what happens while serving.
 		if serving {
 			s.logEvent(e)
-			if le, ok := fromFSM(e, now); ok {
+			if le, ok := eventlog.FromFSM(e, now); ok {
 				s.publish(le)
 			}
 		}
@@ -274,3 +294,16 @@ func (s *Server) logEvent(e fsm.Event) {
 		slog.Duration("ttl", e.Lease.TTL),
 	)
 }
+
+// authenticate puts the caller's identity in each request's context, when
+// auth is on.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.auth == nil {
+		return next
+	}
+	return s.auth.Authenticate(next, publicPath)
+}
+
+// publicPath is what anyone may fetch even with auth on: health checks and
+// the public keys.
+func publicPath(p string) bool { return p == "/healthz" || p == "/readyz" || p == keysPath }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/wire"
 )
@@ -27,7 +28,7 @@ const watchHeldPage = 1000
 // watchProgress is how far a watch's position may move on without being
 // sent, when no event matches its prefix: a watcher that reconnects must
 // still find its position in the ring.
-const watchProgress = ringSize / 4
+const watchProgress = eventlog.RingSize / 4
 
 // errSteppedDown ends a watch when this node stops leading; the watcher
 // reconnects and is forwarded to the new leader.
@@ -46,8 +47,8 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	term := s.node.Term()
 	from := m.StartPosition
 	if from == 0 {
-		from = s.events.position(term)
-	} else if err := s.events.start(from, term); err != nil {
+		from = s.events.Position(term)
+	} else if err := s.events.Start(from, term); err != nil {
 		return wire.ToConnect(err)
 	}
 	first := &fencev1.WatchResponse{}
@@ -79,7 +80,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 			first = &fencev1.WatchResponse{}
 		}
 	}
-	events, next, changed, err := s.events.read(from, m.Prefix, watchBatch)
+	events, next, changed, err := s.events.Read(from, m.Prefix, watchBatch)
 	if err != nil {
 		return wire.ToConnect(err)
 	}
@@ -99,7 +100,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 		case <-ctx.Done():
 			return wire.ToConnect(ctx.Err())
 		}
-		events, next, changed, err = s.events.read(next, m.Prefix, watchBatch)
+		events, next, changed, err = s.events.Read(next, m.Prefix, watchBatch)
 		if err != nil {
 			if errors.Is(err, fence.ErrMissedEvents) {
 				err = fmt.Errorf("this watch fell behind: %w", err)
@@ -121,22 +122,22 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 }
 
 var wireKinds = [...]fencev1.EventKind{
-	kindGranted:  fencev1.EventKind_EVENT_KIND_GRANTED,
-	kindRenewed:  fencev1.EventKind_EVENT_KIND_RENEWED,
-	kindReleased: fencev1.EventKind_EVENT_KIND_RELEASED,
-	kindExpired:  fencev1.EventKind_EVENT_KIND_EXPIRED,
-	kindLost:     fencev1.EventKind_EVENT_KIND_LOST,
-	kindRejected: fencev1.EventKind_EVENT_KIND_REJECTED,
+	eventlog.Granted:  fencev1.EventKind_EVENT_KIND_GRANTED,
+	eventlog.Renewed:  fencev1.EventKind_EVENT_KIND_RENEWED,
+	eventlog.Released: fencev1.EventKind_EVENT_KIND_RELEASED,
+	eventlog.Expired:  fencev1.EventKind_EVENT_KIND_EXPIRED,
+	eventlog.Lost:     fencev1.EventKind_EVENT_KIND_LOST,
+	eventlog.Rejected: fencev1.EventKind_EVENT_KIND_REJECTED,
 }
 
-func watchEvent(e leaseEvent) *fencev1.WatchEvent {
+func watchEvent(e eventlog.Event) *fencev1.WatchEvent {
 	w := &fencev1.WatchEvent{
 		Position:      e.Position,
 		Kind:          wireKinds[e.Kind],
 		Scope:         e.Scope,
 		Token:         e.Token,
 		Holder:        e.Holder,
-		LeaseIdPrefix: leaseIDPrefix(e.LeaseID),
+		LeaseIdPrefix: eventlog.LeaseIDPrefix(e.LeaseID),
 		Time:          timestamppb.New(e.At),
 		CurrentToken:  e.Current,
 		Guard:         e.Guard,
@@ -154,20 +155,11 @@ func heldEvent(in fsm.ScopeInfo) *fencev1.WatchEvent {
 		Scope:         in.Scope,
 		Token:         l.Token,
 		Holder:        l.Holder,
-		LeaseIdPrefix: leaseIDPrefix(l.ID),
+		LeaseIdPrefix: eventlog.LeaseIDPrefix(l.ID),
 		Ttl:           durationpb.New(l.TTL),
 	}
 	if l.GrantedAt != 0 {
 		w.Time = timestamppb.New(time.Unix(0, l.GrantedAt))
 	}
 	return w
-}
-
-// leaseIDPrefix is the part of a lease ID that watchers and the status page
-// see: enough to tell leases apart, not enough to renew or release them.
-func leaseIDPrefix(id fence.LeaseID) string {
-	if id.IsZero() {
-		return ""
-	}
-	return id.String()[:8]
 }

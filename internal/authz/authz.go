@@ -1,4 +1,9 @@
-package server
+// Package authz decides who is calling and whether they may: identities
+// from verified client certificates or bearer tokens (or, from a node
+// forwarding a call, the identity it vouches for), the rules of an auth
+// file, checked per RPC and per scope, and the count of leases each
+// identity holds.
+package authz
 
 import (
 	"context"
@@ -49,8 +54,8 @@ type Rule struct {
 // "report" a guard's reports of stale rejections, for its scopes.
 var operations = []string{"acquire", "renew", "release", "get", "list", "watch", "report", "cluster", "status"}
 
-// LoadAuth reads an auth file (JSON, in the form of Auth).
-func LoadAuth(path string) (*Auth, error) {
+// Load reads an auth file (JSON, in the form of Auth).
+func Load(path string) (*Auth, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -105,34 +110,40 @@ func (a *Auth) tokenIdentity(bearer string) string {
 
 type identityKey struct{}
 
+// Identity returns the caller's identity that Authenticate found, "" if
+// none (or auth is off).
+func Identity(ctx context.Context) string {
+	id, _ := ctx.Value(identityKey{}).(string)
+	return id
+}
+
 // identityHeader carries, from a node forwarding a call, the identity of
 // the caller it authenticated.
 const identityHeader = "Fence-Identity"
 
-// authenticate finds the caller's identity and puts it in the request's
+// Authenticate finds the caller's identity and puts it in the request's
 // context. It runs before forwarding, so the leader learns who a forwarded
-// call is for.
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	if s.auth == nil {
-		return next
-	}
+// call is for. Besides RPCs, which the Interceptor checks, only the paths
+// public reports true for are open to callers without the "status"
+// operation.
+func (a *Auth) Authenticate(next http.Handler, public func(path string) bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var certID string
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			certID = r.TLS.PeerCertificates[0].Subject.CommonName
 		}
 		id := certID
-		if fwd := r.Header.Get(identityHeader); fwd != "" && slices.Contains(s.auth.Nodes, certID) {
+		if fwd := r.Header.Get(identityHeader); fwd != "" && slices.Contains(a.Nodes, certID) {
 			id = fwd
 		} else if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			id = s.auth.tokenIdentity(b)
+			id = a.tokenIdentity(b)
 		}
 		r.Header.Del(identityHeader)
 		if id != "" {
 			r.Header.Set(identityHeader, id) // for the leader, if forwarded
 			r = r.WithContext(context.WithValue(r.Context(), identityKey{}, id))
 		}
-		if !publicPath(r.URL.Path) && !strings.HasPrefix(r.URL.Path, "/fence.v1.") && !s.auth.allows(id, "status", "") {
+		if !public(r.URL.Path) && !strings.HasPrefix(r.URL.Path, "/fence.v1.") && !a.allows(id, "status", "") {
 			http.Error(w, "fence: this needs an identity allowed \"status\"", httpDenied(id))
 			return
 		}
@@ -147,16 +158,14 @@ func httpDenied(id string) int {
 	return http.StatusForbidden
 }
 
-// publicPath is what anyone may fetch even with auth on: health checks and
-// the public keys.
-func publicPath(p string) bool { return p == "/healthz" || p == "/readyz" || p == keysPath }
+// Interceptor checks every RPC against the rules: an interceptor, so it
+// sees the request message and hence the scope.
+func (a *Auth) Interceptor() connect.Interceptor { return authorizer{a} }
 
-// authorizer checks every RPC against the rules: an interceptor, so it sees
-// the request message and hence the scope.
 type authorizer struct{ a *Auth }
 
 func (z authorizer) check(ctx context.Context, procedure string, msg any) error {
-	id, _ := ctx.Value(identityKey{}).(string)
+	id := Identity(ctx)
 	op, scopes := rpcOperation(procedure, msg)
 	if id == "" {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("this service needs credentials: a client certificate or a bearer token"))

@@ -1,4 +1,4 @@
-package server
+package eventlog
 
 import (
 	"fmt"
@@ -7,15 +7,15 @@ import (
 )
 
 func TestRejectionLogWindow(t *testing.T) {
-	l := newRejectionLog()
+	l := NewRejections()
 	now := time.Now()
-	l.add(rejection{Scope: "old", Presented: 1, Highest: 2, At: now.Add(-2 * rejectionWindow)})
+	l.Add(Rejection{Scope: "old", Presented: 1, Highest: 2, At: now.Add(-2 * rejectionWindow)})
 	for i := range 3 {
-		l.add(rejection{Scope: "busy", Presented: uint64(i + 1), Highest: 9, At: now.Add(-time.Duration(i) * time.Minute)})
+		l.Add(Rejection{Scope: "busy", Presented: uint64(i + 1), Highest: 9, At: now.Add(-time.Duration(i) * time.Minute)})
 	}
-	l.add(rejection{Scope: "once", Presented: 4, Highest: 5, At: now})
-	l.addDropped(7)
-	counts, recent, dropped := l.summary(now)
+	l.Add(Rejection{Scope: "once", Presented: 4, Highest: 5, At: now})
+	l.AddDropped(7)
+	counts, recent, dropped := l.Summary(now)
 	if len(counts) != 2 || counts[0].Scope != "busy" || counts[0].Count != 3 || counts[1].Scope != "once" || counts[1].Count != 1 {
 		t.Fatalf("counts = %+v, want busy 3 then once 1 (old is outside the window)", counts)
 	}
@@ -28,12 +28,12 @@ func TestRejectionLogWindow(t *testing.T) {
 }
 
 func TestRejectionLogBounds(t *testing.T) {
-	l := newRejectionLog()
+	l := NewRejections()
 	now := time.Now()
 	for i := range maxRejectedScopes + 10 {
-		l.add(rejection{Scope: fmt.Sprint("s", i), Presented: 1, Highest: 2, At: now.Add(time.Duration(i) * time.Millisecond)})
+		l.Add(Rejection{Scope: fmt.Sprint("s", i), Presented: 1, Highest: 2, At: now.Add(time.Duration(i) * time.Millisecond)})
 	}
-	counts, recent, _ := l.summary(now.Add(time.Second))
+	counts, recent, _ := l.Summary(now.Add(time.Second))
 	if len(counts) != maxRejectedScopes || len(recent) != recentRejections {
 		t.Fatalf("%d scopes and %d examples kept, want %d and %d", len(counts), len(recent), maxRejectedScopes, recentRejections)
 	}

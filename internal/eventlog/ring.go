@@ -1,4 +1,4 @@
-package server
+package eventlog
 
 import (
 	"fmt"
@@ -8,22 +8,22 @@ import (
 	"github.com/fence-dev/fence"
 )
 
-// ringSize is how many recent lease events the leader retains for watchers
+// RingSize is how many recent lease events the leader retains for watchers
 // to resume from, and for the status page's timeline.
-const ringSize = 10_000
+const RingSize = 10_000
 
 // termShift places the leader's term in a position's high bits, so that
 // positions keep increasing across leaders: a new leader, in a higher term,
 // starts after every position of its predecessors.
 const termShift = 40
 
-// eventRing holds the recent lease events recorded by this node as the
+// Ring holds the recent lease events recorded by this node as the
 // serving leader, each with a position: term<<40 | sequence within the
 // term. Readers follow it with a cursor and wait on a channel that is
 // closed at every append. It is safe for concurrent use.
-type eventRing struct {
+type Ring struct {
 	mu      sync.Mutex
-	buf     []leaseEvent // circular; buf[(first-base)%len] is the oldest
+	buf     []Event // circular; buf[(first-base)%len] is the oldest
 	term    uint64
 	first   uint64        // position of the oldest event retained
 	next    uint64        // position of the next event
@@ -31,13 +31,14 @@ type eventRing struct {
 	closed  bool
 }
 
-func newEventRing(size int) *eventRing {
-	return &eventRing{buf: make([]leaseEvent, size), changed: make(chan struct{})}
+// NewRing returns an empty ring that retains the last size events.
+func NewRing(size int) *Ring {
+	return &Ring{buf: make([]Event, size), changed: make(chan struct{})}
 }
 
-// append records e as the next event of term; a new term starts the ring
+// Append records e as the next event of term; a new term starts the ring
 // afresh. It returns e with its position.
-func (r *eventRing) append(term uint64, e leaseEvent) leaseEvent {
+func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if term != r.term || r.next == 0 {
@@ -56,9 +57,9 @@ func (r *eventRing) append(term uint64, e leaseEvent) leaseEvent {
 	return e
 }
 
-// position returns where a watch starting now in term begins: the
+// Position returns where a watch starting now in term begins: the
 // position the next event will get.
-func (r *eventRing) position(term uint64) uint64 {
+func (r *Ring) Position(term uint64) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next == 0 || r.term != term {
@@ -70,11 +71,11 @@ func (r *eventRing) position(term uint64) uint64 {
 // errClosed ends reads when the server stops.
 var errClosed = fmt.Errorf("%w: the server is shutting down", fence.ErrUnavailable)
 
-// read returns up to limit events from position from on whose scope
+// Read returns up to limit events from position from on whose scope
 // starts with prefix, the position to read from next, and a channel that
 // is closed when more may have arrived. It fails with a *missedError when
 // from is no longer (or was never) retained.
-func (r *eventRing) read(from uint64, prefix string, limit int) ([]leaseEvent, uint64, <-chan struct{}, error) {
+func (r *Ring) Read(from uint64, prefix string, limit int) ([]Event, uint64, <-chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -91,7 +92,7 @@ func (r *eventRing) read(from uint64, prefix string, limit int) ([]leaseEvent, u
 	if from < r.first || from > r.next {
 		return nil, from, nil, r.missedLocked(from)
 	}
-	var out []leaseEvent
+	var out []Event
 	for ; from < r.next && len(out) < limit; from++ {
 		e := r.buf[from%uint64(len(r.buf))]
 		if strings.HasPrefix(e.Scope, prefix) {
@@ -101,20 +102,20 @@ func (r *eventRing) read(from uint64, prefix string, limit int) ([]leaseEvent, u
 	return out, from, r.changed, nil
 }
 
-// start checks that a reader can begin at from while the leader is in
+// Start checks that a reader can begin at from while the leader is in
 // term: at a retained position or the next one, or at the first position
 // of a term that has recorded nothing yet, but not in a term to come.
-func (r *eventRing) start(from, term uint64) error {
+func (r *Ring) Start(from, term uint64) error {
 	if from>>termShift > term {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.missedLocked(from)
 	}
-	_, _, _, err := r.read(from, "", 0)
+	_, _, _, err := r.Read(from, "", 0)
 	return err
 }
 
-func (r *eventRing) missedLocked(from uint64) error {
+func (r *Ring) missedLocked(from uint64) error {
 	e := &missedError{position: from}
 	if r.next != 0 {
 		e.oldest, e.next = r.first, r.next
@@ -135,7 +136,7 @@ func (e *missedError) Error() string {
 	} else {
 		msg += ", which has recorded no events yet"
 	}
-	return msg + fmt.Sprintf("; it keeps the last %d events of its term only, so events may have been missed: read the current state again (List, or Watch with include_held) and watch from now", ringSize)
+	return msg + fmt.Sprintf("; it keeps the last %d events of its term only, so events may have been missed: read the current state again (List, or Watch with include_held) and watch from now", RingSize)
 }
 
 func (e *missedError) Unwrap() error { return fence.ErrMissedEvents }
@@ -145,12 +146,12 @@ func describePosition(p uint64) string {
 	return fmt.Sprintf("term %d, event %d", p>>termShift, p&(1<<termShift-1))
 }
 
-// recent returns the retained events whose scope starts with prefix,
+// Recent returns the retained events whose scope starts with prefix,
 // oldest first, at most limit of them (the newest).
-func (r *eventRing) recent(prefix string, limit int, keep func(leaseEvent) bool) []leaseEvent {
+func (r *Ring) Recent(prefix string, limit int, keep func(Event) bool) []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []leaseEvent
+	var out []Event
 	for p := r.next; p > r.first && len(out) < limit; p-- {
 		e := r.buf[(p-1)%uint64(len(r.buf))]
 		if strings.HasPrefix(e.Scope, prefix) && (keep == nil || keep(e)) {
@@ -163,8 +164,8 @@ func (r *eventRing) recent(prefix string, limit int, keep func(leaseEvent) bool)
 	return out
 }
 
-// close ends every read, now and later.
-func (r *eventRing) close() {
+// Close ends every read, now and later.
+func (r *Ring) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.closed {
@@ -173,9 +174,9 @@ func (r *eventRing) close() {
 	}
 }
 
-// holder returns the holder of the lease with this token, from its grant
+// Holder returns the holder of the lease with this token, from its grant
 // if that is still retained; "" if not.
-func (r *eventRing) holder(scope string, token uint64) string {
+func (r *Ring) Holder(scope string, token uint64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for p := r.next; p > r.first; p-- {

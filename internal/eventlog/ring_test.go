@@ -1,4 +1,4 @@
-package server
+package eventlog
 
 import (
 	"errors"
@@ -8,72 +8,72 @@ import (
 )
 
 func TestRingReadsInOrderAndForgetsTheOldest(t *testing.T) {
-	r := newEventRing(4)
+	r := NewRing(4)
 	const term = 3
-	start := r.position(term)
+	start := r.Position(term)
 	if start != term<<termShift|1 {
 		t.Fatalf("start of an empty ring = %d, want the first position of term %d", start, term)
 	}
 	// Waiting at the first position of a term that has recorded nothing.
-	if evs, next, ch, err := r.read(start, "", 10); err != nil || len(evs) != 0 || next != start || ch == nil {
+	if evs, next, ch, err := r.Read(start, "", 10); err != nil || len(evs) != 0 || next != start || ch == nil {
 		t.Fatalf("read of an empty ring = %v, %d, %v", evs, next, err)
 	}
 	for i, scope := range []string{"a", "b/1", "a", "b/2", "c", "b/3"} {
-		e := r.append(term, leaseEvent{Kind: kindGranted, Scope: scope, Token: uint64(i + 1)})
+		e := r.Append(term, Event{Kind: Granted, Scope: scope, Token: uint64(i + 1)})
 		if e.Position != start+uint64(i) {
 			t.Fatalf("event %d at position %d, want %d", i, e.Position, start+uint64(i))
 		}
 	}
 	// Six appended, four kept: the first two are gone.
-	if _, _, _, err := r.read(start+1, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+	if _, _, _, err := r.Read(start+1, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
 		t.Fatalf("reading a forgotten position: %v, want ErrMissedEvents", err)
 	}
-	evs, next, _, err := r.read(start+2, "b/", 10)
+	evs, next, _, err := r.Read(start+2, "b/", 10)
 	if err != nil || len(evs) != 2 || evs[0].Scope != "b/2" || evs[1].Scope != "b/3" || next != start+6 {
 		t.Fatalf("read b/ from the oldest = %+v, next %d, %v", evs, next, err)
 	}
-	if evs, _, _, _ := r.read(start+2, "", 1); len(evs) != 1 || evs[0].Scope != "a" {
+	if evs, _, _, _ := r.Read(start+2, "", 1); len(evs) != 1 || evs[0].Scope != "a" {
 		t.Fatalf("read with limit 1 = %+v", evs)
 	}
 	// Past the newest is refused: nothing was ever recorded there.
-	if _, _, _, err := r.read(start+7, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+	if _, _, _, err := r.Read(start+7, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
 		t.Fatalf("reading ahead: %v, want ErrMissedEvents", err)
 	}
-	if got := r.holder("b/2", 4); got != "" {
+	if got := r.Holder("b/2", 4); got != "" {
 		t.Fatalf("holder of an event without one = %q", got)
 	}
-	if got := r.recent("", 10, nil); len(got) != 4 || got[0].Scope != "a" || got[3].Scope != "b/3" {
+	if got := r.Recent("", 10, nil); len(got) != 4 || got[0].Scope != "a" || got[3].Scope != "b/3" {
 		t.Fatalf("recent = %+v, want the four kept, oldest first", got)
 	}
 }
 
 func TestRingNewTermStartsAfresh(t *testing.T) {
-	r := newEventRing(8)
-	old := r.append(1, leaseEvent{Scope: "a"})
+	r := NewRing(8)
+	old := r.Append(1, Event{Scope: "a"})
 	// A watch started in term 2 before anything happened in it waits at
 	// term 2's first position, after every position of term 1.
-	start := r.position(2)
+	start := r.Position(2)
 	if start <= old.Position {
 		t.Fatalf("term 2 starts at %d, not after term 1's %d", start, old.Position)
 	}
-	if _, _, _, err := r.read(start, "", 10); err != nil {
+	if _, _, _, err := r.Read(start, "", 10); err != nil {
 		t.Fatalf("waiting at the start of term 2: %v", err)
 	}
-	e := r.append(2, leaseEvent{Scope: "b"})
+	e := r.Append(2, Event{Scope: "b"})
 	if e.Position != start {
 		t.Fatalf("term 2's first event at %d, want %d", e.Position, start)
 	}
-	if _, _, _, err := r.read(old.Position, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
+	if _, _, _, err := r.Read(old.Position, "", 10); !errors.Is(err, fence.ErrMissedEvents) {
 		t.Fatalf("resuming in term 1 on term 2's ring: %v, want ErrMissedEvents", err)
 	}
-	if err := r.start(3<<termShift|1, 2); !errors.Is(err, fence.ErrMissedEvents) {
+	if err := r.Start(3<<termShift|1, 2); !errors.Is(err, fence.ErrMissedEvents) {
 		t.Fatalf("starting in a term to come: %v, want ErrMissedEvents", err)
 	}
-	if err := r.start(start+1, 2); err != nil {
+	if err := r.Start(start+1, 2); err != nil {
 		t.Fatalf("starting after the newest event: %v", err)
 	}
-	r.close()
-	if _, _, _, err := r.read(start, "", 10); !errors.Is(err, fence.ErrUnavailable) {
+	r.Close()
+	if _, _, _, err := r.Read(start, "", 10); !errors.Is(err, fence.ErrUnavailable) {
 		t.Fatalf("reading a closed ring: %v, want ErrUnavailable", err)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package authz
 
 import (
 	"fmt"
@@ -10,18 +10,19 @@ import (
 	"github.com/fence-dev/fence/internal/fsm"
 )
 
-// owners counts the leases each authenticated identity holds, for
+// Owners counts the leases each authenticated identity holds, for
 // --max-leases-per-identity. The leader rebuilds it from the state when it
 // takes office and keeps it current from the lease events; the identity is
 // recorded with each lease (fsm.Lease.Owner), so it survives a leader
 // change. The limit is checked before an acquire is proposed, so acquires
 // racing each other may pass it by a few.
-type owners struct {
+type Owners struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
-func (o *owners) reset(leases iter.Seq2[string, fsm.Lease]) {
+// Reset counts the leases of the state anew.
+func (o *Owners) Reset(leases iter.Seq2[string, fsm.Lease]) {
 	n := make(map[string]int)
 	for _, l := range leases {
 		if l.Owner != "" {
@@ -33,7 +34,8 @@ func (o *owners) reset(leases iter.Seq2[string, fsm.Lease]) {
 	o.mu.Unlock()
 }
 
-func (o *owners) event(e fsm.Event) {
+// Event counts a lease begun or ended.
+func (o *Owners) Event(e fsm.Event) {
 	if e.Lease.Owner == "" {
 		return
 	}
@@ -52,8 +54,8 @@ func (o *owners) event(e fsm.Event) {
 	}
 }
 
-// check refuses an acquire by id when id holds limit leases already.
-func (o *owners) check(id string, limit int) error {
+// Check refuses an acquire by id when id holds limit leases already.
+func (o *Owners) Check(id string, limit int) error {
 	if limit <= 0 || id == "" {
 		return nil
 	}

@@ -1,31 +1,36 @@
-package server
+// Package status serves fenced's status page for people: the node's view of
+// the cluster, the leader's held leases, a timeline of recent transitions
+// and stale rejections, and the lease events as server-sent events for the
+// page's script. It reads what other packages keep and changes nothing.
+package status
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
-
-	"connectrpc.com/connect"
 
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/lessor"
 )
 
 // The status page's paths. The page and its cluster part describe the node
 // asked; the leases part and the event stream are the leader's, and
 // followers forward them.
 const (
-	statusClusterPath = "/status/cluster"
-	statusLeasesPath  = "/status/leases"
-	eventsPath        = "/events"
+	ClusterPath = "/status/cluster"
+	LeasesPath  = "/status/leases"
+	EventsPath  = "/events"
 )
 
 const (
@@ -38,7 +43,43 @@ const (
 	// sseKeepAlive is how often an idle event stream sends a comment, so
 	// that proxies and browsers keep it open.
 	sseKeepAlive = 15 * time.Second
+	// sseBatch bounds the events read from the ring at a time.
+	sseBatch = 256
 )
+
+// errNotReady answers the event stream while this node is not the serving
+// leader; followers forward it.
+var errNotReady = fmt.Errorf("%w: not ready (starting up, or not the leader); retry shortly", fence.ErrUnavailable)
+
+// Node is the replica the page reads.
+type Node interface {
+	Read(f func(*fsm.State))
+	LeaderID() string
+	Term() uint64
+}
+
+// Config is where the page finds what it shows.
+type Config struct {
+	NodeID string
+	Logger *slog.Logger
+	Node   Node
+	Lessor *lessor.Lessor
+	Events *eventlog.Ring
+	// Rejected is what guards reported.
+	Rejected *eventlog.Rejections
+	// Readiness says whether this node is ready and why, for people.
+	Readiness func() (bool, string)
+	// Cluster answers ClusterService.Status as this node would.
+	Cluster func(ctx context.Context) (*fencev1.StatusResponse, error)
+	// LeaderChange returns a channel closed at the next change of leader.
+	LeaderChange func() <-chan struct{}
+}
+
+// Page serves the status page. Its methods are safe for concurrent use.
+type Page struct{ cfg Config }
+
+// New returns the page of cfg.
+func New(cfg Config) *Page { return &Page{cfg: cfg} }
 
 //go:embed web/status.html
 var webFiles embed.FS
@@ -76,8 +117,8 @@ type leasesView struct {
 	Leases    []leaseRow
 	More      int // held leases beyond those listed
 	Timeline  []scopeTimeline
-	Counts    []scopeCount
-	Recent    []rejection
+	Counts    []eventlog.ScopeCount
+	Recent    []eventlog.Rejection
 	Dropped   uint64
 }
 
@@ -91,7 +132,7 @@ type leaseRow struct {
 
 type scopeTimeline struct {
 	Scope    string
-	Events   []leaseEvent
+	Events   []eventlog.Event
 	Renewals int // renewals among its retained events, not shown one by one
 }
 
@@ -101,44 +142,43 @@ type pageView struct {
 	Leases  leasesView
 }
 
-func (s *Server) clusterView(r *http.Request) clusterView {
-	ready, reason := s.readiness()
+func (s *Page) clusterView(r *http.Request) clusterView {
+	ready, reason := s.cfg.Readiness()
 	v := clusterView{NodeID: s.cfg.NodeID, Ready: ready, Readiness: reason}
-	resp, err := cluster{s}.Status(r.Context(), connect.NewRequest(&fencev1.StatusRequest{}))
+	m, err := s.cfg.Cluster(r.Context())
 	if err != nil {
 		v.Err = err.Error()
 		return v
 	}
-	m := resp.Msg
 	v.Leader, v.Term, v.Commit, v.Applied, v.Nodes = m.Leader, m.Term, m.CommitIndex, m.AppliedIndex, m.Nodes
 	return v
 }
 
-func (s *Server) leasesView() leasesView {
+func (s *Page) leasesView() leasesView {
 	now := time.Now()
-	v := leasesView{Serving: s.lessor.Ready(), Leader: s.cfg.NodeID, Now: now}
+	v := leasesView{Serving: s.cfg.Lessor.Ready(), Leader: s.cfg.NodeID, Now: now}
 	if !v.Serving {
-		v.Elsewhere = s.node.LeaderID()
+		v.Elsewhere = s.cfg.Node.LeaderID()
 		return v
 	}
 	var held []fsm.ScopeInfo
 	total := 0
-	s.node.Read(func(st *fsm.State) {
+	s.cfg.Node.Read(func(st *fsm.State) {
 		held = st.Held("", "", maxStatusLeases)
 		total = st.HeldCount()
 	})
 	v.More = total - len(held)
 	for _, in := range held {
 		l := in.Lease
-		row := leaseRow{Scope: in.Scope, Holder: l.Holder, LeaseID: leaseIDPrefix(l.ID), Token: l.Token, TTL: l.TTL,
-			Left: s.lessor.Left(in.Scope, l.Token, now), Waiters: in.Waiters}
+		row := leaseRow{Scope: in.Scope, Holder: l.Holder, LeaseID: eventlog.LeaseIDPrefix(l.ID), Token: l.Token, TTL: l.TTL,
+			Left: s.cfg.Lessor.Left(in.Scope, l.Token, now), Waiters: in.Waiters}
 		if l.GrantedAt != 0 {
 			row.GrantedAt = time.Unix(0, l.GrantedAt)
 		}
 		v.Leases = append(v.Leases, row)
 	}
 	v.Timeline = s.timeline()
-	v.Counts, v.Recent, v.Dropped = s.rejected.summary(now)
+	v.Counts, v.Recent, v.Dropped = s.cfg.Rejected.Summary(now)
 	if len(v.Counts) > timelineScopes {
 		v.Counts = v.Counts[:timelineScopes]
 	}
@@ -150,8 +190,8 @@ func (s *Server) leasesView() leasesView {
 
 // timeline groups the retained events by scope, the scopes with the latest
 // events first, renewals counted rather than listed.
-func (s *Server) timeline() []scopeTimeline {
-	events := s.events.recent("", ringSize, nil)
+func (s *Page) timeline() []scopeTimeline {
+	events := s.cfg.Events.Recent("", eventlog.RingSize, nil)
 	var out []scopeTimeline
 	at := make(map[string]int)
 	for i := len(events) - 1; i >= 0; i-- {
@@ -166,7 +206,7 @@ func (s *Server) timeline() []scopeTimeline {
 			out = append(out, scopeTimeline{Scope: e.Scope})
 		}
 		t := &out[j]
-		if e.Kind == kindRenewed {
+		if e.Kind == eventlog.Renewed {
 			t.Renewals++
 			continue
 		}
@@ -180,10 +220,10 @@ func (s *Server) timeline() []scopeTimeline {
 	return out
 }
 
-func (s *Server) render(w http.ResponseWriter, name string, data any) {
+func (s *Page) render(w http.ResponseWriter, name string, data any) {
 	var b bytes.Buffer
 	if err := statusTemplates.ExecuteTemplate(&b, name, data); err != nil {
-		s.log.Error("status page", "template", name, "err", err)
+		s.cfg.Logger.Error("status page", "template", name, "err", err)
 		http.Error(w, "fence: status page: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -192,44 +232,46 @@ func (s *Server) render(w http.ResponseWriter, name string, data any) {
 	w.Write(b.Bytes())
 }
 
-// serveStatus serves the page. A follower renders its own view of the
+// ServeStatus serves the page. A follower renders its own view of the
 // cluster and leaves the leases to the page's script, which fetches them
 // from the leader through it.
-func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
+func (s *Page) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	s.render(w, "page", pageView{Cluster: s.clusterView(r), Leases: s.leasesView()})
 }
 
-func (s *Server) serveStatusCluster(w http.ResponseWriter, r *http.Request) {
+// ServeCluster serves the page's cluster part, for its script to refresh.
+func (s *Page) ServeCluster(w http.ResponseWriter, r *http.Request) {
 	s.render(w, "cluster", s.clusterView(r))
 }
 
-func (s *Server) serveStatusLeases(w http.ResponseWriter, r *http.Request) {
+// ServeLeases serves the page's leases part, for its script to refresh.
+func (s *Page) ServeLeases(w http.ResponseWriter, r *http.Request) {
 	s.render(w, "leases", s.leasesView())
 }
 
-// serveEvents streams the event ring as server-sent events, one "lease"
+// ServeEvents streams the event ring as server-sent events, one "lease"
 // event per lease event with its position as the event ID, so that a
 // browser's EventSource resumes by itself after a reconnection. When it
 // cannot, it sends a "missed" event and carries on from now.
-func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
+func (s *Page) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	prefix := r.URL.Query().Get("prefix")
 	if err := fence.ValidatePrefix(prefix); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if !s.lessor.Ready() {
+	if !s.cfg.Lessor.Ready() {
 		http.Error(w, errNotReady.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	gen := s.leaderGeneration()
+	gen := s.cfg.LeaderChange()
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	term := s.node.Term()
-	pos := s.events.position(term)
+	term := s.cfg.Node.Term()
+	pos := s.cfg.Events.Position(term)
 	var missed bool
 	if id, err := strconv.ParseUint(r.Header.Get("Last-Event-ID"), 10, 64); err == nil {
-		if err := s.events.start(id+1, term); err != nil {
+		if err := s.cfg.Events.Start(id+1, term); err != nil {
 			missed = true
 		} else {
 			pos = id + 1
@@ -245,7 +287,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 	keepAlive := time.NewTicker(sseKeepAlive)
 	defer keepAlive.Stop()
 	for {
-		events, next, changed, err := s.events.read(pos, prefix, watchBatch)
+		events, next, changed, err := s.cfg.Events.Read(pos, prefix, sseBatch)
 		if err != nil {
 			return // the client reconnects, and hears of what it missed
 		}
@@ -276,13 +318,10 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // sseEvent is an event as the status page's script reads it.
-func sseEvent(e leaseEvent) map[string]any {
+func sseEvent(e eventlog.Event) map[string]any {
 	return map[string]any{
 		"position": strconv.FormatUint(e.Position, 10), "kind": e.Kind.String(), "scope": e.Scope,
-		"token": strconv.FormatUint(e.Token, 10), "holder": e.Holder, "lease_id_prefix": leaseIDPrefix(e.LeaseID),
+		"token": strconv.FormatUint(e.Token, 10), "holder": e.Holder, "lease_id_prefix": eventlog.LeaseIDPrefix(e.LeaseID),
 		"time": e.At.UTC().Format(time.RFC3339Nano), "current_token": strconv.FormatUint(e.Current, 10), "guard": e.Guard,
 	}
 }
-
-// kindClass is the CSS class of an event kind.
-func (k eventKind) Class() string { return "k-" + strings.ReplaceAll(k.String(), " ", "-") }
