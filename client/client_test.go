@@ -1136,3 +1136,88 @@ func TestCloseWithoutService(t *testing.T) {
 	}
 	waitLost(t, l)
 }
+
+// TestCloseDuringAcquires: Acquires racing with Close either fail with
+// fence.ErrClosed or return a lease that Close ends; once all have
+// returned, no scope is left held, whichever of them Close overtook.
+func TestCloseDuringAcquires(t *testing.T) {
+	srv, c := start(t)
+	closing := srv.Client(client.WithHolder("closing"))
+	t.Cleanup(func() { closing.Close() })
+	const n = 40
+	leases := make([]*client.Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	var granted atomic.Int64
+	for i := range n {
+		wg.Go(func() {
+			leases[i], errs[i] = closing.Acquire(testContext(t), fmt.Sprintf("s%d", i), client.WithTTL(time.Minute))
+			if errs[i] == nil {
+				granted.Add(1)
+			}
+		})
+	}
+	eventually(t, "a few acquires return", func() bool { return granted.Load() >= 3 })
+	if err := closing.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	wg.Wait()
+	closed := 0
+	for i := range n {
+		switch {
+		case errs[i] != nil && !errors.Is(errs[i], fence.ErrClosed):
+			t.Errorf("s%d: Acquire = %v, want a lease or fence.ErrClosed", i, errs[i])
+		case errs[i] != nil:
+			closed++
+		default:
+			waitLost(t, leases[i])
+		}
+		if st := get(t, c, fmt.Sprintf("s%d", i)); st.Lease != nil {
+			t.Errorf("s%d is held by %q with token %d after Close", i, st.Lease.Holder, st.Lease.Token)
+		}
+	}
+	t.Logf("%d of %d acquires failed with ErrClosed", closed, n)
+}
+
+// gate holds back the answers to Acquire calls until open is closed.
+type gate struct {
+	next    http.RoundTripper
+	waiting chan struct{} // receives once per held answer
+	open    chan struct{}
+}
+
+func (g *gate) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := g.next.RoundTrip(r)
+	if strings.HasSuffix(r.URL.Path, "/Acquire") {
+		g.waiting <- struct{}{}
+		<-g.open
+	}
+	return resp, err
+}
+
+// TestCloseOvertakesAcquire: an Acquire whose grant arrives after Close
+// has run fails with fence.ErrClosed and releases that grant, rather than
+// start a keep-alive that nothing would stop.
+func TestCloseOvertakesAcquire(t *testing.T) {
+	srv, c := start(t)
+	g := &gate{next: http.DefaultTransport.(*http.Transport).Clone(), waiting: make(chan struct{}, 1), open: make(chan struct{})}
+	closing := srv.Client(client.WithHTTPClient(&http.Client{Transport: g}), client.WithHolder("closing"))
+	t.Cleanup(func() { closing.Close() })
+	done := make(chan error, 1)
+	go func() {
+		_, err := closing.Acquire(testContext(t), "late", client.WithTTL(time.Minute))
+		done <- err
+	}()
+	<-g.waiting // granted at the service, the answer held back
+	checkHeld(t, c, "late", "closing", 1)
+	if err := closing.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	close(g.open)
+	if err := <-done; !errors.Is(err, fence.ErrClosed) {
+		t.Fatalf("Acquire overtaken by Close = %v, want fence.ErrClosed", err)
+	}
+	if st := get(t, c, "late"); st.Lease != nil || st.LastToken != 1 {
+		t.Errorf("after the overtaken Acquire: Get = %+v, want free with last token 1", st)
+	}
+}
