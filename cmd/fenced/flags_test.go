@@ -58,7 +58,8 @@ func TestParseRejectsBadInput(t *testing.T) {
 }
 
 // TestSIGTERMShutsDownCleanly checks that SIGTERM makes fenced exit 0 and
-// that its data dir opens again with its state.
+// that its data dir opens again with its state; neither the first start,
+// the shutdown nor the restart logs a warning or an error.
 func TestSIGTERMShutsDownCleanly(t *testing.T) {
 	dir, addr := t.TempDir(), freeAddr(t)
 	p := startFenced(t, dir, addr)
@@ -82,12 +83,28 @@ func TestSIGTERMShutsDownCleanly(t *testing.T) {
 		b, _ := os.ReadFile(p.log)
 		t.Fatalf("exit code %d after SIGTERM\n%s", code, b)
 	}
-	startFenced(t, dir, addr)
+	p.noWarnings(t)
+	p = startFenced(t, dir, addr)
 	st, err := c.Get(context.Background(), "term")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Lease == nil || st.Lease.Token != l.Token {
 		t.Fatalf("after a clean restart: %+v, want token %d held", st, l.Token)
+	}
+	p.noWarnings(t)
+}
+
+// noWarnings fails t if p logged a warning or an error.
+func (p *proc) noWarnings(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			t.Errorf("a clean start or stop logged %s", line)
+		}
 	}
 }

@@ -31,7 +31,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
 	"github.com/fence-dev/fence"
@@ -74,7 +73,10 @@ type Config struct {
 	// 120s, with jitter).
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
-	// Logger receives Raft's own messages (warnings and errors).
+	// Logger receives Raft's own messages: its warnings and errors at
+	// their levels, its informational ones at debug. In a cluster of one
+	// (no RaftListen) the election at every start is logged at debug, not
+	// as raft's warning.
 	Logger *slog.Logger
 	// OnEvents is called, in log order, with the lease transitions of each
 	// applied command, after the state is updated and before the command's
@@ -133,12 +135,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
 	n.confirms.run = n.confirmRound
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:        "raft",
-		Level:       hclog.Warn,
-		Output:      slogWriter{cfg.Logger},
-		DisableTime: true,
-	})
+	logger := newRaftLogger(cfg.Logger, cfg.RaftListen == "")
 
 	store, kind, err := openLog(cfg.DataDir, cfg.LogStore, cfg.SegmentSize)
 	if err != nil {
@@ -430,20 +427,3 @@ func (s snapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (snapshot) Release() {}
-
-// slogWriter passes hclog's lines to slog.
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	if w.l != nil {
-		w.l.Warn(string(trimNewline(p)), "component", "raft")
-	}
-	return len(p), nil
-}
-
-func trimNewline(p []byte) []byte {
-	if n := len(p); n > 0 && p[n-1] == '\n' {
-		return p[:n-1]
-	}
-	return p
-}

@@ -1,0 +1,77 @@
+package raftnode
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// electionStarted is what raft warns when a follower stops hearing from a
+// leader. A node that is a cluster of one hears from no leader at every
+// start, and elects itself after one heartbeat timeout: there the message
+// is the start going as it should, not a fault.
+const electionStarted = "heartbeat timeout reached, starting election"
+
+// newRaftLogger returns the hclog.Logger that raft writes to. It passes
+// raft's messages to l, at the level raft gave them, with their key-value
+// pairs as attributes; single is true for a node without a Raft listener.
+func newRaftLogger(l *slog.Logger, single bool) hclog.Logger {
+	// The intercepting logger's own output is off: every message goes to
+	// the sink, which knows its level and arguments, instead of being
+	// formatted into a line whose level would have to be parsed back.
+	il := hclog.NewInterceptLogger(&hclog.LoggerOptions{Name: "raft", Level: hclog.Off, Output: io.Discard})
+	if l != nil {
+		il.RegisterSink(slogSink{l: l, single: single})
+	}
+	return il
+}
+
+// slogSink is an hclog.SinkAdapter writing to a slog.Logger. hclog calls
+// it under the intercepting logger's lock.
+type slogSink struct {
+	l      *slog.Logger
+	single bool
+}
+
+func (s slogSink) Accept(name string, level hclog.Level, msg string, args ...any) {
+	lv, ok := slogLevel(level)
+	if !ok {
+		return
+	}
+	if s.single && msg == electionStarted {
+		lv = slog.LevelDebug
+	}
+	ctx := context.Background()
+	if !s.l.Enabled(ctx, lv) {
+		return
+	}
+	for i, a := range args {
+		// hclog.Fmt values are a format and its operands, formatted
+		// by hclog's own writer: format them here.
+		if f, ok := a.(hclog.Format); ok && len(f) > 0 {
+			if format, ok := f[0].(string); ok {
+				args[i] = fmt.Sprintf(format, f[1:]...)
+			}
+		}
+	}
+	s.l.Log(ctx, lv, msg, append(args, "component", name)...)
+}
+
+// slogLevel maps raft's levels to slog's. Raft's info messages (state
+// changes, snapshot progress) become debug: fenced reports at info what an
+// operator needs of them ("leader ready", "lost leadership") in its own
+// words. Raft's debug and trace messages are dropped.
+func slogLevel(l hclog.Level) (slog.Level, bool) {
+	switch l {
+	case hclog.Error:
+		return slog.LevelError, true
+	case hclog.Warn:
+		return slog.LevelWarn, true
+	case hclog.Info:
+		return slog.LevelDebug, true
+	}
+	return 0, false
+}
