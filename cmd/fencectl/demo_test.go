@@ -11,11 +11,11 @@ import (
 // difference.
 func TestDemo(t *testing.T) {
 	for _, tc := range []struct {
-		args  []string
-		store string
+		args          []string
+		guarded, bare string // how the headers name the register
 	}{
-		{[]string{"demo"}, "SQLite via sqlguard"}, // the default
-		{[]string{"demo", "--store", "bolt"}, "bbolt via boltguard"},
+		{[]string{"demo"}, "SQLite via sqlguard", "SQLite, unguarded"}, // the default
+		{[]string{"demo", "--store", "bolt"}, "bbolt via boltguard", "bbolt, unguarded"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			r := (&fenced{}).want(t, exitOK, tc.args...)
@@ -25,8 +25,13 @@ func TestDemo(t *testing.T) {
 			if n := strings.Count(r.stdout, "LOST UPDATE"); n != 2 {
 				t.Errorf("%d lost updates, want 2 (the unguarded stories)\n%s", n, r.stdout)
 			}
-			if n := strings.Count(r.stdout, "register in "+tc.store); n != 4 {
-				t.Errorf("%d stories name the store %q, want 4\n%s", n, tc.store, r.stdout)
+			for _, name := range []string{tc.guarded, tc.bare} {
+				if n := strings.Count(r.stdout, "register in "+name+")"); n != 2 {
+					t.Errorf("%d stories name the register %q, want 2\n%s", n, name, r.stdout)
+				}
+			}
+			if !strings.Contains(r.stdout, "Leases from a fenced in this process") {
+				t.Errorf("the demo does not say where its leases come from\n%s", r.stdout)
 			}
 			if !strings.Contains(r.stdout, "every stale write was rejected") {
 				t.Errorf("no verdict line\n%s", r.stdout)
@@ -39,5 +44,25 @@ func TestDemoUnknownStore(t *testing.T) {
 	r := (&fenced{}).want(t, exitUsage, "demo", "--store", "redis")
 	if !strings.Contains(r.stderr, "want sqlite or bolt") {
 		t.Errorf("stderr does not say which stores exist: %s", r.stderr)
+	}
+}
+
+// TestDemoAddr plays the demo against the fenced that --addr names: the
+// service then knows the demo's scopes, each at the token B acquired.
+func TestDemoAddr(t *testing.T) {
+	f := startFenced(t)
+	r := (&fenced{}).want(t, exitOK, "demo", "--store", "bolt", "--addr", f.addr)
+	if !strings.Contains(r.stdout, "Leases from the fenced at "+f.addr) {
+		t.Errorf("the demo does not name the fenced it played against\n%s", r.stdout)
+	}
+	if n := strings.Count(r.stdout, "rejected as stale"); n != 2 {
+		t.Errorf("%d stale rejections, want 2\n%s", n, r.stdout)
+	}
+	for _, scope := range []string{"demo/pause-guarded", "demo/delay-guarded", "demo/pause-unguarded", "demo/delay-unguarded"} {
+		var st getOutput
+		f.wantJSON(t, exitOK, &st, "get", scope)
+		if st.LastToken != 2 {
+			t.Errorf("%s on the fenced at --addr: %+v, want last token 2 (A's, then B's)", scope, st)
+		}
 	}
 }
