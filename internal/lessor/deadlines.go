@@ -17,10 +17,10 @@ import (
 // its Expire command is proposed: from then on a renewal answers lost, so a
 // lease is never confirmed to its holder and then expired.
 //
-// Lock order: the state machine's lock (raftnode.Node.Read) before mu,
-// never the other way round. Renewing and taking office need both, the
-// state to check a lease and mu to move its deadline; the state machine's
-// writer takes the state lock alone and then mu alone (OnEvents). Taking
+// Lock order (see the package doc): the state machine's lock (Node.Read)
+// before mu, never the other way round. Renewing and taking office need
+// both, the state to check a lease and mu to move its deadline; the state
+// machine's writer takes the state lock alone and then mu alone (Applied). Taking
 // them in one order is what keeps a waiting writer from closing a cycle:
 // sync.RWMutex holds new readers back behind it, so a reader holding mu and
 // waiting for the state lock would wait for ever on one holding the state

@@ -136,14 +136,19 @@ func (l *Lessor) Lead(leader bool) {
 	}()
 }
 
-// Close leaves office for good and waits for the office's work to end.
-func (l *Lessor) Close() {
+// Stop leaves office for good. It does not wait for the office's work to
+// end: a proposal in flight ends only when the node answers it, which may
+// take until the node is closed. Wait waits for it.
+func (l *Lessor) Stop() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.closed = true
 	l.leaveLocked()
-	l.mu.Unlock()
-	l.bg.Wait()
 }
+
+// Wait returns once the work of every office has ended: after Stop, and
+// after closing the node, so that no proposal is left waiting.
+func (l *Lessor) Wait() { l.bg.Wait() }
 
 // leaveLocked clears ready and cancels the office together, under l.mu,
 // where takeOffice checks its context and sets ready: an office cancelled

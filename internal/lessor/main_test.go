@@ -35,8 +35,9 @@ func startLessorWith(t testing.TB, cfg Config) (*Lessor, *raftnode.Node) {
 	}
 	l.Open(n)
 	t.Cleanup(func() {
-		l.Close()
+		l.Stop()
 		n.Close()
+		l.Wait()
 	})
 	for end := time.Now().Add(20 * time.Second); !l.Ready(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {

@@ -175,7 +175,9 @@ func Start(cfg Config) (*Server, error) {
 		tc, err := cfg.TLS.serverConfig()
 		if err != nil {
 			ln.Close()
+			s.lessor.Stop()
 			node.Close()
+			s.lessor.Wait()
 			return nil, err
 		}
 		ln = tls.NewListener(ln, tc)
@@ -217,7 +219,7 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) close(ctx context.Context) error {
-	s.lessor.Close()
+	s.lessor.Stop()
 	s.events.Close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
 	if err != nil {
@@ -227,6 +229,7 @@ func (s *Server) close(ctx context.Context) error {
 		s.stopJoin()
 	}
 	err = errors.Join(err, s.node.Close())
+	s.lessor.Wait()
 	s.bg.Wait()
 	return err
 }
