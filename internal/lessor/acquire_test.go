@@ -76,3 +76,57 @@ func TestAbandonedAttemptKeepsItsRetry(t *testing.T) {
 		t.Fatalf("scope after the retry's grant: %+v; want held by b", in)
 	}
 }
+
+// TestAbandonedAttemptKeepsTheGrantOfItsRetry: an attempt whose caller gave
+// up after its retry was answered with the grant must not release that
+// grant. The first attempt is played by hand so that it gives up exactly
+// then, with the grant not yet read from its channel.
+func TestAbandonedAttemptKeepsTheGrantOfItsRetry(t *testing.T) {
+	l, node := startLessor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acquire := func(holder, requestID string, wait bool) fsm.Command {
+		return fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: holder,
+			TTL: time.Minute, Wait: wait, RequestID: requestID, At: time.Now().UnixNano()}
+	}
+	held, err := l.Acquire(ctx, acquire("a", "", false))
+	if err != nil || held.Outcome != fsm.Granted {
+		t.Fatalf("first acquire: %v, %v", held.Outcome, err)
+	}
+	// The first attempt joins the line as Acquire would.
+	first := acquire("b", "req-1", true)
+	key := waitKey(first.Scope, fsm.Lease{ID: first.LeaseID, RequestID: first.RequestID})
+	ch, err := l.waiters.add(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued, err := node.Apply(ctx, first)
+	if err != nil || queued.Outcome != fsm.Queued {
+		t.Fatalf("first attempt: %v, %v; want queued", queued.Outcome, err)
+	}
+	// Its retry is answered with the grant once the scope is free.
+	retried := make(chan fsm.Result, 1)
+	go func() {
+		r, _ := l.Acquire(ctx, acquire("b", "req-1", true))
+		retried <- r
+	}()
+	if _, err := l.Release(ctx, "s", held.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	r := <-retried
+	if r.Outcome != fsm.Granted || r.Lease.ID != queued.Lease.ID {
+		t.Fatalf("retry: %v; want the grant of the first attempt's place", r.Outcome)
+	}
+	// Now the first attempt's caller gives up.
+	gone, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := l.awaitGrant(gone, key, queued, make(chan fsm.Event)); err == nil {
+		t.Fatal("abandoned attempt: no error")
+	}
+	l.waiters.remove(key, ch)
+	var in fsm.ScopeInfo
+	node.Read(func(st *fsm.State) { in = st.Get("s") })
+	if in.Lease == nil || in.Lease.ID != r.Lease.ID {
+		t.Fatalf("scope after the first attempt gave up: %+v; want still held by the retry's grant", in)
+	}
+}
