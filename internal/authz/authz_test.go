@@ -1,0 +1,84 @@
+package authz
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func writeAuth(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadRefusesBadFiles(t *testing.T) {
+	for _, body := range []string{
+		`{"rules": [{"identity": "x", "allow": ["acquire", "fly"]}]}`,
+		`{"rules": [{"prefix": "a/", "allow": ["get"]}]}`,
+		`{"tokens": [{"identity": "x", "sha256": "abc"}]}`,
+		`{"rulez": []}`,
+	} {
+		if _, err := Load(writeAuth(t, body)); err == nil {
+			t.Errorf("Load(%s) succeeded, want an error", body)
+		}
+	}
+}
+
+// TestAuthenticate: the identity comes from a bearer token or a client
+// certificate, and a forwarded identity is believed only from a node.
+func TestAuthenticate(t *testing.T) {
+	sum := sha256.Sum256([]byte("secret"))
+	a, err := Load(writeAuth(t, fmt.Sprintf(`{
+		"tokens": [{"identity": "svc", "sha256": %q}],
+		"nodes": ["n1"],
+		"rules": [{"identity": "svc", "prefix": "", "allow": ["status"]}]}`, hex.EncodeToString(sum[:]))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	h := a.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = Identity(r.Context()) }),
+		func(p string) bool { return p == "/healthz" })
+	call := func(path, cert string, header map[string]string) (int, string) {
+		got = ""
+		r := httptest.NewRequest(http.MethodGet, path, nil)
+		if cert != "" {
+			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{{Subject: pkix.Name{CommonName: cert}}}}
+		}
+		for k, v := range header {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code, got
+	}
+	for _, c := range []struct {
+		name, path, cert string
+		header           map[string]string
+		code             int
+		id               string
+	}{
+		{"bearer", "/metrics", "", map[string]string{"Authorization": "Bearer secret"}, 200, "svc"},
+		{"wrong bearer", "/metrics", "", map[string]string{"Authorization": "Bearer nope"}, 401, ""},
+		{"public path", "/healthz", "", nil, 200, ""},
+		{"forwarded by a node", "/fence.v1.LeaseService/Get", "n1", map[string]string{identityHeader: "svc"}, 200, "svc"},
+		{"forwarded by a stranger", "/fence.v1.LeaseService/Get", "x", map[string]string{identityHeader: "svc"}, 200, "x"},
+		{"certificate without the rule", "/metrics", "x", nil, 403, ""},
+	} {
+		code, id := call(c.path, c.cert, c.header)
+		if code != c.code || (code == 200 && id != c.id) {
+			t.Errorf("%s: %d, identity %q; want %d, %q", c.name, code, id, c.code, c.id)
+		}
+	}
+}
