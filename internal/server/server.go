@@ -148,6 +148,7 @@ func Start(cfg Config) (*Server, error) {
 		// Compressing a 200-byte answer costs more than sending it.
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithInterceptors(s.metrics.interceptor()),
+		jsonCodecs(), // errors that name the field
 	}
 	if s.auth != nil {
 		opts = append(opts, connect.WithInterceptors(s.auth.Interceptor()))
