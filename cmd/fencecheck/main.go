@@ -15,7 +15,9 @@
 //	fencecheck run [--time 20s] [--seed N] [--workers 4] [--nodes 1|3] [--no-fence] ...
 //	fencecheck check HISTORY.jsonl
 //
-// run prints a summary ending with "anomalies: N" and exits 1 when N > 0.
+// run prints a summary with "anomalies: N" and exits 1 when N > 0. Its
+// files (history, schedule, logs) go to --dir, or to a temporary directory
+// that it removes if the run passes and keeps, saying where, if not.
 // With --no-fence the resource applies every write unchecked, and the
 // same faults must produce anomalies: a checker that cannot fail proves
 // nothing. The worker and resource subcommands are the processes run

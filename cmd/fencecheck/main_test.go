@@ -6,12 +6,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,24 +76,99 @@ func testPostgres(t *testing.T) string {
 }
 
 // fencecheck runs `fencecheck run` with args and returns its exit status
-// and output.
-func fencecheck(t *testing.T, args ...string) (int, string) {
+// and output. Without --dir in args, the run's temporary directory is made
+// in a directory of the test's, which it returns.
+func fencecheck(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "fencecheck"), append([]string{"run", "--dir", t.TempDir()}, args...)...)
+	tmp := t.TempDir()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "fencecheck"), append([]string{"run"}, args...)...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
-		return 0, out.String()
+		return 0, out.String(), tmp
 	case errors.As(err, &exit):
-		return exit.ExitCode(), out.String()
+		return exit.ExitCode(), out.String(), tmp
 	}
 	t.Fatalf("fencecheck run: %v\n%s", err, out.String())
-	return 0, ""
+	return 0, "", ""
+}
+
+// runDir checks what became of a run's temporary directory in tmp: a run
+// that passed removed it and said so; one that found anomalies kept it,
+// with the history, and said where.
+func runDir(t *testing.T, out, tmp string, passed bool) {
+	t.Helper()
+	ents, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if passed {
+		if len(ents) != 0 || !strings.Contains(out, "removed "+tmp+"/fencecheck-") {
+			t.Errorf("a run that passed left %d entries in %s, or did not say it removed its directory", len(ents), tmp)
+		}
+		return
+	}
+	if len(ents) != 1 {
+		t.Fatalf("%d entries in %s, want the kept run's directory", len(ents), tmp)
+	}
+	dir := filepath.Join(tmp, ents[0].Name())
+	if !strings.Contains(out, "kept "+dir+":") {
+		t.Errorf("the output does not say it kept %s", dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "history.jsonl")); err != nil {
+		t.Errorf("the kept directory has no history: %v", err)
+	}
+}
+
+var (
+	scheduleLine = regexp.MustCompile(`(?m)^schedule: (.*)$`)
+	countLine    = regexp.MustCompile(`^  (\S+) +(\d+)`)
+)
+
+// faultsAddUp checks that every fault the schedule planned is either
+// among the faults injected or said not to be, with a reason.
+func faultsAddUp(t *testing.T, out string) {
+	t.Helper()
+	m := scheduleLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no schedule line in the output")
+	}
+	planned := map[string]int{}
+	for part := range strings.SplitSeq(m[1], ", ") {
+		var k string
+		var n int
+		if _, err := fmt.Sscanf(part, "%s %d", &k, &n); err != nil {
+			t.Fatalf("schedule %q: %v", m[1], err)
+		}
+		planned[k] = n
+	}
+	got := map[string]int{}
+	section := ""
+	for line := range strings.Lines(out) {
+		switch {
+		case strings.HasPrefix(line, "faults injected:"):
+			section = "injected"
+		case strings.HasPrefix(line, "planned but not injected:"):
+			section = "missed"
+		case !strings.HasPrefix(line, "  "):
+			section = ""
+		case section != "":
+			if c := countLine.FindStringSubmatch(line); c != nil {
+				n, _ := strconv.Atoi(c[2])
+				got[c[1]] += n
+			}
+		}
+	}
+	delete(got, "error") // a failed restart, recorded beside the crash
+	if !maps.Equal(planned, got) {
+		t.Errorf("planned %v, but injected plus not injected %v", planned, got)
+	}
 }
 
 var anomaliesLine = regexp.MustCompile(`(?m)^anomalies: (\d+)$`)
@@ -114,11 +191,13 @@ var shortRun = []string{"--time", "20s", "--seed", "20261203", "--workers", "4",
 func TestFencedRunPasses(t *testing.T) {
 	t.Parallel()
 	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t)})
-	code, out := fencecheck(t, args...)
+	code, out, tmp := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitOK || n != 0 {
 		t.Errorf("exit status %d with %d anomalies, want 0 and 0", code, n)
 	}
+	faultsAddUp(t, out)
+	runDir(t, out, tmp, true)
 }
 
 // TestUnfencedRunFindsAnomalies: the same run with the guard off must find
@@ -126,9 +205,11 @@ func TestFencedRunPasses(t *testing.T) {
 func TestUnfencedRunFindsAnomalies(t *testing.T) {
 	t.Parallel()
 	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t), "--no-fence"})
-	code, out := fencecheck(t, args...)
+	code, out, tmp := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitAnomalies || n == 0 {
 		t.Errorf("exit status %d with %d anomalies, want 1 and more than 0", code, n)
 	}
+	faultsAddUp(t, out)
+	runDir(t, out, tmp, false)
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,8 +15,11 @@ import (
 func (r *runner) inject(ctx context.Context) {
 	start := time.Now()
 	end := start.Add(r.cfg.d)
-	for _, f := range r.sched.faults {
+	for i, f := range r.sched.faults {
 		if !sleepUntil(ctx, start.Add(f.At)) {
+			for _, f := range r.sched.faults[i:] {
+				r.miss(f.Kind, "the run was interrupted")
+			}
 			break
 		}
 		r.wg.Add(1)
@@ -25,9 +31,49 @@ func (r *runner) inject(ctx context.Context) {
 	sleepUntil(ctx, end)
 	close(r.ended)
 	for _, w := range r.workers {
-		w.res.disarm() // pauses armed for a request that never came
+		// Pauses armed for a request that never came count themselves
+		// in do.
+		for range w.res.disarm() {
+			r.miss(faultDelay, "no request to the resource came before the run ended")
+		}
 	}
 	r.wg.Wait()
+}
+
+// miss records that a planned fault of kind was not injected, and why.
+func (r *runner) miss(kind, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.missed == nil {
+		r.missed = map[string]map[string]int{}
+	}
+	if r.missed[kind] == nil {
+		r.missed[kind] = map[string]int{}
+	}
+	r.missed[kind][why]++
+}
+
+// printMissed says which planned faults were not injected and why, so
+// that the schedule's counts and the report's add up.
+func (r *runner) printMissed() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, whys := range r.missed {
+		for _, c := range whys {
+			n += c
+		}
+	}
+	if n == 0 {
+		r.printf("every planned fault was injected\n")
+		return
+	}
+	r.printf("planned but not injected: %d, so \"faults injected\" below counts fewer than the schedule:\n", n)
+	for _, kind := range slices.Sorted(maps.Keys(r.missed)) {
+		for _, why := range slices.Sorted(maps.Keys(r.missed[kind])) {
+			r.printf("  %-15s %d  %s\n", kind, r.missed[kind][why], why)
+		}
+	}
 }
 
 // sleepUntil sleeps until t; it reports false if ctx ended first.
@@ -57,7 +103,12 @@ func (r *runner) do(ctx context.Context, f fault) {
 		w := r.workers[f.Target]
 		pause := func(when string) {
 			if !w.p.pause() {
-				return // already paused, or done
+				if w.p.running() {
+					r.miss(faultPause, "its worker was already paused")
+				} else {
+					r.miss(faultPause, "its worker was not running")
+				}
+				return
 			}
 			r.fault(faultPause, fmt.Sprintf("%s: SIGSTOP %sfor %v (TTL %v)", w.name, when, f.For.Round(time.Millisecond), r.cfg.ttl))
 			hold()
@@ -67,12 +118,26 @@ func (r *runner) do(ctx context.Context, f fault) {
 			pause("")
 			return
 		}
+		// claimed settles a race between the request and the run's end:
+		// the pause is either injected or counted as missed, not both.
+		var claimed atomic.Bool
 		done := make(chan struct{})
-		w.res.atNext(func() { defer close(done); pause("as it sends a request to the resource, ") })
+		w.res.atNext(func() {
+			defer close(done)
+			if claimed.CompareAndSwap(false, true) {
+				pause("as it sends a request to the resource, ")
+			}
+		})
 		select {
 		case <-done:
 		case <-ctx.Done():
+			if claimed.CompareAndSwap(false, true) {
+				r.miss(faultPause, "the run was interrupted")
+			}
 		case <-r.ended: // never armed past the run
+			if claimed.CompareAndSwap(false, true) {
+				r.miss(faultPause, "its worker sent no request to the resource before the run ended")
+			}
 		}
 	case faultDelay:
 		// Recorded by the proxy when a request is actually held.
@@ -90,7 +155,8 @@ func (r *runner) do(ctx context.Context, f fault) {
 	case faultCrash:
 		nd := r.leader(ctx)
 		if nd == nil {
-			return // no leader right now: skip
+			r.miss(faultCrash, "there was no leader to kill at the time")
+			return
 		}
 		what := "fenced"
 		if len(r.nodes) > 1 {
@@ -114,6 +180,7 @@ func (r *runner) do(ctx context.Context, f fault) {
 		if f.Target < len(r.nodes) {
 			nd = r.nodes[f.Target]
 		} else if nd = r.leader(ctx); nd == nil {
+			r.miss(faultNodePartition, "there was no leader to cut off at the time")
 			return
 		}
 		r.fault(faultNodePartition, fmt.Sprintf("%s: cut off from the other nodes for %v", nd.id, f.For.Round(time.Millisecond)))

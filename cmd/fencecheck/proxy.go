@@ -26,6 +26,7 @@ type proxy struct {
 	hold    []time.Duration // delays for the next connections
 	onNext  []func()        // called as the next connections arrive
 	onHold  func(d time.Duration)
+	dropped int // held requests close dropped before their hold was over
 	conns   map[net.Conn]string
 	closed  bool
 	wg      sync.WaitGroup
@@ -87,6 +88,9 @@ func (p *proxy) forward(in net.Conn, src string, hold time.Duration) {
 		case <-t.C:
 		case <-p.done:
 			t.Stop()
+			p.mu.Lock()
+			p.dropped++
+			p.mu.Unlock()
 			return
 		}
 		p.mu.Lock()
@@ -180,11 +184,21 @@ func (p *proxy) atNext(f func()) {
 	p.onNext = append(p.onNext, f)
 }
 
-// disarm forgets the holds and calls armed for the next connections.
-func (p *proxy) disarm() {
+// disarm forgets the holds and calls armed for the next connections. It
+// returns how many holds it forgot.
+func (p *proxy) disarm() (holds int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	holds = len(p.hold)
 	p.hold, p.onNext = nil, nil
+	return holds
+}
+
+// droppedHolds returns how many held requests close dropped undelivered.
+func (p *proxy) droppedHolds() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dropped
 }
 
 // close stops the proxy, dropping held requests undelivered, and waits for

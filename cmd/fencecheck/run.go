@@ -54,7 +54,7 @@ func runCmd(args []string) (int, error) {
 	faults := fs.String("faults", "all", "faults to inject, comma-separated: "+strings.Join(allFaults, ",")+"; or all, or none")
 	fs.BoolVar(&cfg.noFence, "no-fence", false, "UNSAFE: the resource applies writes without checking tokens; the checks must then find anomalies")
 	fs.StringVar(&cfg.postgres, "postgres", os.Getenv("FENCE_TEST_POSTGRES"), "PostgreSQL DSN for the pg/ scopes, fenced by sqlguard (default $FENCE_TEST_POSTGRES; empty: bbolt only)")
-	fs.StringVar(&cfg.dir, "dir", "", "directory for the history, logs and data (default: a new temporary directory)")
+	fs.StringVar(&cfg.dir, "dir", "", "directory for the history, logs and data, kept (default: a new temporary directory, removed after a run that passes)")
 	fs.StringVar(&cfg.fencedBin, "fenced", "", "the fenced binary (default: fenced beside this binary, else built with go build)")
 	fs.BoolVar(&cfg.keep, "keep-tables", false, "keep the run's PostgreSQL tables")
 	fs.DurationVar(&cfg.timeout, "check-timeout", 2*time.Minute, "bound on the linearizability search of each scope")
@@ -90,6 +90,7 @@ func runCmd(args []string) (int, error) {
 	defer stop()
 	r := &runner{cfg: cfg, out: os.Stdout, ended: make(chan struct{})}
 	rep, err := r.run(ctx)
+	r.cleanUp(err == nil && rep.Count() == 0)
 	if err != nil {
 		return 0, err
 	}
@@ -97,6 +98,22 @@ func runCmd(args []string) (int, error) {
 		return exitAnomalies, nil
 	}
 	return exitOK, nil
+}
+
+// cleanUp removes the temporary directory of a run that passed, and says
+// where a failed one's files are. A directory given with --dir stays.
+func (r *runner) cleanUp(passed bool) {
+	switch {
+	case r.cfg.dir != "" || r.dir == "":
+	case passed:
+		if err := os.RemoveAll(r.dir); err != nil {
+			fmt.Fprintf(os.Stderr, "fencecheck: remove %s: %v\n", r.dir, err)
+			return
+		}
+		r.printf("removed %s: the run passed (give --dir to keep a run's files)\n", r.dir)
+	default:
+		r.printf("kept %s: the history, schedule and every process's log\n", r.dir)
+	}
 }
 
 func checkCmd(args []string) (int, error) {
@@ -137,6 +154,9 @@ type runner struct {
 	nemesis   *history.Writer
 	wg        sync.WaitGroup // injections in progress
 	ended     chan struct{}  // closed when the run's time is up
+
+	mu     sync.Mutex
+	missed map[string]map[string]int // planned faults not injected: kind → why → count
 }
 
 // workerProc is a worker and the proxies between it and the others.
@@ -238,6 +258,12 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, w := range r.workers {
+		for range w.res.droppedHolds() {
+			r.miss(faultDelay, "its request was still held back when the run ended, and was dropped")
+		}
+	}
+	r.printMissed()
 	path, evs, err := r.merge(finals, applied)
 	if err != nil {
 		return nil, err
