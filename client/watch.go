@@ -96,7 +96,9 @@ func (f watchFunc) applyWatch(c *watchConfig) { f(c) }
 // WithHeld makes a watch begin with an EventHeld for every lease held under
 // its prefix when it starts, so the caller needs no separate List. A grant
 // that happens as the watch starts may be reported twice: held, then
-// granted, with the same token.
+// granted, with the same token. The held leases come a thousand to a
+// response; a connection lost before the last of them asks for them all
+// again, so some may be reported held twice.
 func WithHeld() WatchOption { return watchFunc(func(c *watchConfig) { c.held = true }) }
 
 // Watch streams the lease events of the scopes starting with prefix (""
@@ -157,7 +159,9 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 					stream.Close()
 					return nil
 				}
-				first, held = false, false
+				// A connection broken among the held pages asks for
+				// them again: they resume at the start position.
+				first, held = false, resp.MoreHeld
 				pos = resp.NextPosition
 			}
 			err = stream.Err()

@@ -2,7 +2,13 @@ package client_test
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"iter"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,5 +202,89 @@ func TestElection(t *testing.T) {
 	observed(client.Leader{})
 	if got, err := e2.Leader(ctx); err != nil || got != (client.Leader{}) {
 		t.Fatalf("Leader after resigning = %+v, %v; want none", got, err)
+	}
+}
+
+// cutOnce is a transport whose first Watch response body breaks after
+// limit bytes, as a connection lost in the middle of a response.
+type cutOnce struct {
+	next  http.RoundTripper
+	limit int64
+	done  atomic.Bool
+}
+
+func (c *cutOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.next.RoundTrip(r)
+	if err == nil && strings.HasSuffix(r.URL.Path, "/Watch") && c.done.CompareAndSwap(false, true) {
+		resp.Body = &cutBody{ReadCloser: resp.Body, left: c.limit}
+	}
+	return resp, err
+}
+
+type cutBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *cutBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// TestWatchHeldPagesAcrossReconnect: held leases come a thousand to a
+// response; a connection lost among those pages asks for them again, so
+// the watcher still sees every held lease.
+func TestWatchHeldPagesAcrossReconnect(t *testing.T) {
+	srv, c := start(t)
+	ctx := testContext(t)
+	const n = 2500
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n; i += 16 {
+				if _, err := c.Grant(ctx, fmt.Sprintf("p/%04d", i), client.WithTTL(time.Minute)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	cut := &cutOnce{next: tr, limit: 120_000} // past the first page, within the second
+	wc := srv.Client(client.WithHTTPClient(&http.Client{Transport: cut}))
+	t.Cleanup(func() { wc.Close() })
+	next := pull(t, wc.Watch(ctx, "p/", 0, client.WithHeld()))
+	seen := map[string]bool{}
+	for len(seen) < n {
+		e := next()
+		if e.Kind != client.EventHeld {
+			t.Fatalf("after %d of %d held leases: %+v", len(seen), n, e)
+		}
+		seen[e.Scope] = true
+	}
+	if !cut.done.Load() {
+		t.Fatal("the watch's connection was never cut")
+	}
+	if _, err := c.Grant(ctx, "p/new"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		e := next()
+		if e.Kind == client.EventGranted && e.Scope == "p/new" {
+			break
+		}
+		if e.Kind != client.EventHeld {
+			t.Fatalf("before p/new's grant: %+v", e)
+		}
 	}
 }

@@ -72,7 +72,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 			if !more {
 				break
 			}
-			first.NextPosition = from
+			first.NextPosition, first.MoreHeld = from, true
 			if err := stream.Send(first); err != nil {
 				return err
 			}

@@ -982,7 +982,7 @@ type WatchRequest struct {
 	// Where to resume: the next_position of the last response read. 0 means
 	// from now on.
 	StartPosition uint64 `protobuf:"varint,2,opt,name=start_position,json=startPosition,proto3" json:"start_position,omitempty"`
-	// Also send, in the first response, one EVENT_KIND_HELD event for each
+	// Also send, in the first responses, one EVENT_KIND_HELD event for each
 	// lease held under the prefix when the stream starts.
 	IncludeHeld   bool `protobuf:"varint,3,opt,name=include_held,json=includeHeld,proto3" json:"include_held,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1045,7 +1045,11 @@ type WatchResponse struct {
 	// Events in the order the leader recorded them.
 	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	// The start_position that resumes the watch right after this response.
-	NextPosition  uint64 `protobuf:"varint,2,opt,name=next_position,json=nextPosition,proto3" json:"next_position,omitempty"`
+	NextPosition uint64 `protobuf:"varint,2,opt,name=next_position,json=nextPosition,proto3" json:"next_position,omitempty"`
+	// More EVENT_KIND_HELD events follow in the next response. A watcher
+	// that reconnects before the last of them asks for include_held again
+	// and gets them all again.
+	MoreHeld      bool `protobuf:"varint,3,opt,name=more_held,json=moreHeld,proto3" json:"more_held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1096,13 @@ func (x *WatchResponse) GetNextPosition() uint64 {
 		return x.NextPosition
 	}
 	return 0
+}
+
+func (x *WatchResponse) GetMoreHeld() bool {
+	if x != nil {
+		return x.MoreHeld
+	}
+	return false
 }
 
 // WatchEvent is one lease event.
@@ -1605,10 +1616,11 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12%\n" +
 	"\x0estart_position\x18\x02 \x01(\x04R\rstartPosition\x12!\n" +
-	"\finclude_held\x18\x03 \x01(\bR\vincludeHeld\"b\n" +
+	"\finclude_held\x18\x03 \x01(\bR\vincludeHeld\"\x7f\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.fence.v1.WatchEventR\x06events\x12#\n" +
-	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\"\xd5\x02\n" +
+	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\x12\x1b\n" +
+	"\tmore_held\x18\x03 \x01(\bR\bmoreHeld\"\xd5\x02\n" +
 	"\n" +
 	"WatchEvent\x12\x1a\n" +
 	"\bposition\x18\x01 \x01(\x04R\bposition\x12'\n" +

@@ -80,7 +80,9 @@ type LeaseServiceClient interface {
 	// Watch streams the lease events of the scopes under a prefix as the
 	// leader sees them happen. The first response comes at once, with the
 	// position the stream starts from (and, with include_held, the leases
-	// held at that moment); every later response carries events. A watcher
+	// held at that moment, a thousand to a response: more_held is set on
+	// each response but the last of them); every later response carries
+	// events. A watcher
 	// that reconnects passes the next_position of the last response it read
 	// as start_position and misses nothing the leader still retains. When
 	// those events are gone (the leader keeps a bounded number of recent
@@ -238,7 +240,9 @@ type LeaseServiceHandler interface {
 	// Watch streams the lease events of the scopes under a prefix as the
 	// leader sees them happen. The first response comes at once, with the
 	// position the stream starts from (and, with include_held, the leases
-	// held at that moment); every later response carries events. A watcher
+	// held at that moment, a thousand to a response: more_held is set on
+	// each response but the last of them); every later response carries
+	// events. A watcher
 	// that reconnects passes the next_position of the last response it read
 	// as start_position and misses nothing the leader still retains. When
 	// those events are gone (the leader keeps a bounded number of recent
