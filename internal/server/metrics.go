@@ -81,6 +81,14 @@ func newMetrics(s *Server) *metrics {
 		s.node.Read(func(st *fsm.State) { n = st.HeldCount() })
 		return float64(n)
 	})
+	records := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fence_scope_records",
+		Help: "Scope records this node's replicated state keeps: held, waited for, or idle. From log format 2 it stays within the scopes held or waited for plus a few thousand idle ones.",
+	}, func() float64 {
+		var n int
+		s.node.Read(func(st *fsm.State) { n = st.Records() })
+		return float64(n)
+	})
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fence_ready",
 		Help: "1 when this node is the leader and serving, else 0.",
@@ -88,7 +96,7 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,
-		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, held, ready,
+		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, held, records, ready,
 		raftCollector{s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
