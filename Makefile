@@ -42,8 +42,8 @@ test-short: ## a first look: no databases, no race detector, no cluster, kill or
 	  $(GO) test -short -count=1 -timeout 10m -json -skip '/^(postgres|mysql)$$' ./guard/sqlguard; } | $(TESTPROGRESS)
 
 .PHONY: test-long
-test-long: services ## the cluster and crash tests at length (30 cluster kills, 100 single-node kill -9s)
-	FENCE_LONG=1 $(GO) test -count=1 -timeout 60m -run 'TestCluster|TestCrash' -v ./cmd/fenced
+test-long: services ## the cluster and crash tests at length (30 cluster kills, 100 single-node kill -9s, a million scopes churned)
+	FENCE_LONG=1 $(GO) test -count=1 -timeout 60m -run 'TestCluster|TestCrash|TestScopeChurn' -v ./cmd/fenced
 
 .PHONY: generate
 generate: ## regenerate the protobuf and connect code from api/
