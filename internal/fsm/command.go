@@ -45,6 +45,11 @@ const (
 	// when it meets this entry, so it must be proposed only once every
 	// node runs a build that knows it.
 	OpSetFormat Op = "set_format"
+	// OpBatch applies each of Commands in order, as that many log entries
+	// would, each with its own Result: one log entry for the acquires and
+	// releases of many callers. It exists from log format 3 on; a
+	// proposer must fall back to one entry per command below it.
+	OpBatch Op = "batch"
 )
 
 // LogFormat is the highest log format this build applies. The log format
@@ -56,11 +61,12 @@ const (
 //   - 2: OpSetFormat; the records of idle scopes are dropped beyond a
 //     few thousand, and a scope created again starts above every token of
 //     the dropped ones.
+//   - 3: OpBatch.
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 2
+const LogFormat = 3
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -77,6 +83,12 @@ const MaxRequestIDLen = 64
 
 // MaxExpireMany bounds the expiries of one OpExpireMany.
 const MaxExpireMany = 1024
+
+// MaxBatch bounds the commands of one OpBatch.
+const MaxBatch = 1000
+
+// BatchFormat is the first log format with OpBatch.
+const BatchFormat = 3
 
 // Expiry names a lease to expire: the scope and its token.
 type Expiry struct {
@@ -111,6 +123,8 @@ type Command struct {
 	Expiries []Expiry `json:"expiries,omitempty"`
 	// Format is the log format an OpSetFormat raises the cluster to.
 	Format int `json:"format,omitempty"`
+	// Commands are an OpBatch's acquires (without Wait) and releases.
+	Commands []Command `json:"commands,omitempty"`
 }
 
 // Validate reports whether c is well formed for its Op.
@@ -172,6 +186,8 @@ func (c Command) Validate() error {
 		return ValidateNodeID(c.Node)
 	case OpAddKey:
 		return validateKeyCommand(c)
+	case OpBatch:
+		return validateBatch(c.Commands)
 	case OpSetFormat:
 		if c.Format < 1 || c.Format > LogFormat {
 			return &fence.InvalidError{Field: "format", Reason: fmt.Sprintf("log format %d; this build knows 1 to %d", c.Format, LogFormat)}
@@ -179,6 +195,27 @@ func (c Command) Validate() error {
 		return nil
 	}
 	return &fence.InvalidError{Field: "op", Reason: fmt.Sprintf("unknown operation %q", c.Op)}
+}
+
+// validateBatch checks only what the batch as a whole needs: each command
+// is validated when it applies, so a malformed one is refused on its own.
+// A waiting acquire is refused because its wait would hold back the
+// answers of the rest.
+func validateBatch(cs []Command) error {
+	if len(cs) == 0 || len(cs) > MaxBatch {
+		return &fence.InvalidError{Field: "commands", Reason: fmt.Sprintf("%d in one batch, want 1 to %d", len(cs), MaxBatch)}
+	}
+	for i, b := range cs {
+		switch {
+		case b.Op != OpAcquire && b.Op != OpRelease:
+			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].op", i), Reason: fmt.Sprintf("%q in a batch; only acquire and release", b.Op)}
+		case b.Wait:
+			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].wait", i), Reason: "a waiting acquire cannot be batched"}
+		case len(b.Commands) > 0:
+			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].commands", i), Reason: "a batch inside a batch"}
+		}
+	}
+	return nil
 }
 
 func validateExpiry(e Expiry) error {
@@ -210,7 +247,7 @@ func (c Command) Encode() []byte {
 // known reports whether this build knows the operation.
 func (o Op) known() bool {
 	switch o {
-	case OpAcquire, OpRelease, OpExpire, OpExpireMany, OpCancel, OpPromote, OpSetNode, OpForgetNode, OpAddKey, OpSetFormat:
+	case OpAcquire, OpRelease, OpExpire, OpExpireMany, OpCancel, OpPromote, OpSetNode, OpForgetNode, OpAddKey, OpSetFormat, OpBatch:
 		return true
 	}
 	return false

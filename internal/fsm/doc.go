@@ -43,6 +43,13 @@
 // reports the floor as the Last token of a scope without a record: at
 // least every token it had, below every token it will have.
 //
+// From format 3 on, an OpBatch entry carries acquires (without wait) and
+// releases of many callers; each applies exactly as it would as an entry
+// of its own, with its own Result, so one log entry and one fsync serve
+// them all. Below format 3 a batch is refused whole: the leader proposes
+// one entry per command there, since a build that knew no batch would
+// stop at it.
+//
 // # Caveats
 //
 // The floor is shared: a scope created after a busy scope was dropped

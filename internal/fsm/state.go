@@ -182,6 +182,9 @@ type Result struct {
 	Current uint64  // for Lost: the scope's current token, 0 if free
 	Err     error   // for Invalid: what was wrong; for Held: ErrLineFull if the line was full
 	Events  []Event // transitions, in the order they happened
+	// Results are an OpBatch's results, one per command in order; the
+	// batch's own Events are theirs, in that order.
+	Results []Result
 }
 
 // State is the replicated lease state. The zero value is not usable; call
@@ -252,6 +255,9 @@ func (s *State) Apply(c Command) Result {
 	if err := c.Validate(); err != nil {
 		return Result{Outcome: Invalid, Scope: c.Scope, Err: err}
 	}
+	if c.Op == OpBatch {
+		return s.batch(c)
+	}
 	r := s.apply(c)
 	for _, e := range r.Events {
 		switch e.Kind {
@@ -269,6 +275,22 @@ func (s *State) Apply(c Command) Result {
 			s.settle(e.Scope)
 		}
 		s.trim()
+	}
+	return r
+}
+
+// batch applies each command as Apply would apply it alone. Below
+// BatchFormat it refuses the batch whole: the leader proposes none there,
+// and a build that knew no batch halted at it.
+func (s *State) batch(c Command) Result {
+	if s.Format() < BatchFormat {
+		return Result{Outcome: Invalid, Err: &fence.InvalidError{Field: "op",
+			Reason: fmt.Sprintf("batch under log format %d, from %d on", s.Format(), BatchFormat)}}
+	}
+	r := Result{Outcome: NoOp, Results: make([]Result, len(c.Commands))}
+	for i, b := range c.Commands {
+		r.Results[i] = s.Apply(b)
+		r.Events = append(r.Events, r.Results[i].Events...)
 	}
 	return r
 }

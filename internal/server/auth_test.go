@@ -122,15 +122,55 @@ func TestAuthorizationMatrix(t *testing.T) {
 			}
 			_, err = lease.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: row.scope, LeaseId: id}))
 			check("Renew", err, row.want)
+			// checkBatch: a batch call with credentials answers a scope
+			// outside the rules in that item's result, not for the call.
+			checkBatch := func(rpc string, err error, want connect.Code, failure func() *fencev1.RenewFailure) {
+				t.Helper()
+				if want != connect.CodePermissionDenied {
+					check(rpc, err, want)
+					return
+				}
+				if err != nil {
+					t.Errorf("%s: %v; want the call answered and its item refused", rpc, err)
+					return
+				}
+				if f := failure(); f.GetCode() != "permission_denied" {
+					t.Errorf("%s: %v; want its item refused with permission_denied", rpc, f)
+				}
+			}
 			batch, err := lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}}}))
-			check("RenewBatch", err, row.want)
+			checkBatch("RenewBatch", err, row.want, func() *fencev1.RenewFailure { return firstFailure(batch.Msg.Results) })
 			if valid && (len(batch.Msg.Results) != 1 || batch.Msg.Results[0].ExpiresIn.AsDuration() <= 0) {
 				t.Errorf("RenewBatch: %v; want the lease renewed", batch.Msg)
 			}
+			// Beside row.scope, not under it: List and Watch below see it alone.
+			other := strings.Replace(row.scope, "/", "/batch-", 1)
+			acqs, err := lease.AcquireBatch(ctx, connect.NewRequest(&fencev1.AcquireBatchRequest{Acquires: []*fencev1.AcquireRequest{{Scope: other, Holder: "h"}}}))
+			checkBatch("AcquireBatch", err, row.want, func() *fencev1.RenewFailure { return firstFailure(acqs.Msg.Results) })
+			otherID := id
+			if err == nil && len(acqs.Msg.Results) == 1 && acqs.Msg.Results[0].Lease != nil {
+				otherID = acqs.Msg.Results[0].Lease.LeaseId
+			} else if valid {
+				t.Errorf("AcquireBatch: %v, %v; want a grant", acqs, err)
+			}
+			rels, err := lease.ReleaseBatch(ctx, connect.NewRequest(&fencev1.ReleaseBatchRequest{Releases: []*fencev1.ReleaseRequest{{Scope: other, LeaseId: otherID}}}))
+			checkBatch("ReleaseBatch", err, row.want, func() *fencev1.RenewFailure { return firstFailure(rels.Msg.Results) })
 			if valid {
-				// Every scope of a batch must be allowed, not just the first.
-				_, err = lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}, {Scope: "billing/1", LeaseId: id}}}))
-				check("RenewBatch with a scope outside the rules", err, connect.CodePermissionDenied)
+				// Each item of a batch is authorized on its own: the one
+				// outside the rules is refused, the others are done.
+				batch, err := lease.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: []*fencev1.RenewRequest{{Scope: row.scope, LeaseId: id}, {Scope: "billing/1", LeaseId: id}}}))
+				if err != nil || batch.Msg.Results[0].Failure != nil || batch.Msg.Results[1].GetFailure().GetCode() != "permission_denied" {
+					t.Errorf("RenewBatch with a scope outside the rules: %v, %v; want the first renewed, the second permission_denied", batch.Msg, err)
+				}
+				acqs, err := lease.AcquireBatch(ctx, connect.NewRequest(&fencev1.AcquireBatchRequest{Acquires: []*fencev1.AcquireRequest{{Scope: "billing/1", Holder: "h"}, {Scope: other + "c", Holder: "h"}}}))
+				if err != nil || acqs.Msg.Results[0].GetFailure().GetCode() != "permission_denied" || acqs.Msg.Results[1].GetLease().GetToken() == 0 {
+					t.Fatalf("AcquireBatch with a scope outside the rules: %v, %v; want the first permission_denied, the second granted", acqs.Msg, err)
+				}
+				got := acqs.Msg.Results[1].Lease
+				rels, err := lease.ReleaseBatch(ctx, connect.NewRequest(&fencev1.ReleaseBatchRequest{Releases: []*fencev1.ReleaseRequest{{Scope: got.Scope, LeaseId: got.LeaseId}, {Scope: "billing/1", LeaseId: got.LeaseId}}}))
+				if err != nil || rels.Msg.Results[0].Token != got.Token || rels.Msg.Results[1].GetFailure().GetCode() != "permission_denied" {
+					t.Errorf("ReleaseBatch with a scope outside the rules: %v, %v; want the first released, the second permission_denied", rels.Msg, err)
+				}
 			}
 			_, err = lease.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: row.scope}))
 			check("Get", err, row.want)
@@ -207,4 +247,13 @@ func (b testBearer) WrapStreamingClient(next connect.StreamingClientFunc) connec
 
 func (testBearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// firstFailure returns the failure of a batch answer's first item, nil if
+// it has no item.
+func firstFailure[R interface{ GetFailure() *fencev1.RenewFailure }](rs []R) *fencev1.RenewFailure {
+	if len(rs) == 0 {
+		return nil
+	}
+	return rs[0].GetFailure()
 }

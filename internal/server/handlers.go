@@ -35,25 +35,8 @@ func (s *Server) checkReady() error {
 
 // Acquire implements fence.v1.LeaseService.Acquire.
 func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
-	m := req.Msg
-	if m.Ttl != nil {
-		// AsDuration would fold nanos outside ±1s into the seconds, and
-		// clamp a too-large value, granting a TTL nobody asked for.
-		if err := m.Ttl.CheckValid(); err != nil {
-			return nil, wire.ToConnect(&fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v: outside the allowed range %v to %v", err, s.cfg.MinTTL, s.cfg.MaxTTL)})
-		}
-	}
-	ttl, err := s.ttl(m.Ttl.AsDuration(), m.Ttl != nil)
+	c, err := s.acquireCommand(ctx, req.Msg)
 	if err != nil {
-		return nil, wire.ToConnect(err)
-	}
-	c := fsm.Command{
-		Op: fsm.OpAcquire, Scope: m.Scope, LeaseID: fence.NewLeaseID(), Holder: m.Holder,
-		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
-		MaxWaiters: s.cfg.MaxWaiters,
-	}
-	c.Owner = authz.Identity(ctx)
-	if err := c.Validate(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
 	if err := s.checkReady(); err != nil {
@@ -70,6 +53,129 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
 	return connect.NewResponse(&fencev1.AcquireResponse{Lease: s.lease(r.Scope, r.Lease, true)}), nil
+}
+
+// acquireCommand stamps and validates the command of one acquire.
+func (s *Server) acquireCommand(ctx context.Context, m *fencev1.AcquireRequest) (fsm.Command, error) {
+	if m.Ttl != nil {
+		// AsDuration would fold nanos outside ±1s into the seconds, and
+		// clamp a too-large value, granting a TTL nobody asked for.
+		if err := m.Ttl.CheckValid(); err != nil {
+			return fsm.Command{}, &fence.InvalidError{Field: "ttl", Reason: fmt.Sprintf("%v: outside the allowed range %v to %v", err, s.cfg.MinTTL, s.cfg.MaxTTL)}
+		}
+	}
+	ttl, err := s.ttl(m.Ttl.AsDuration(), m.Ttl != nil)
+	if err != nil {
+		return fsm.Command{}, err
+	}
+	c := fsm.Command{
+		Op: fsm.OpAcquire, Scope: m.Scope, LeaseID: fence.NewLeaseID(), Holder: m.Holder,
+		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
+		MaxWaiters: s.cfg.MaxWaiters, Owner: authz.Identity(ctx),
+	}
+	return c, c.Validate()
+}
+
+// maxBatch bounds the items of one AcquireBatch or ReleaseBatch request.
+const maxBatch = fsm.MaxBatch
+
+// batchSize refuses a batch call of no items or too many.
+func batchSize(field string, n int) error {
+	if n == 0 || n > maxBatch {
+		return &fence.InvalidError{Field: field, Reason: fmt.Sprintf("%d in one batch, want 1 to %d", n, maxBatch)}
+	}
+	return nil
+}
+
+// AcquireBatch implements fence.v1.LeaseService.AcquireBatch: each acquire
+// is checked and authorized on its own, as Acquire would check it, and
+// the ones that pass are proposed together, as one log entry.
+func (s *Server) AcquireBatch(ctx context.Context, req *connect.Request[fencev1.AcquireBatchRequest]) (*connect.Response[fencev1.AcquireBatchResponse], error) {
+	as := req.Msg.Acquires
+	if err := batchSize("acquires", len(as)); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	out := make([]*fencev1.AcquireResult, len(as))
+	cs := make([]fsm.Command, 0, len(as))
+	at := make([]int, 0, len(as)) // cs[j] is the acquire as[at[j]]
+	for i, m := range as {
+		c, err := s.acquireCommand(ctx, m)
+		if err == nil && c.Wait {
+			err = &fence.InvalidError{Field: "wait", Reason: "a waiting acquire cannot be batched: call Acquire"}
+		}
+		if err == nil {
+			err = s.auth.Allowed(ctx, "acquire", c.Scope)
+		}
+		if err == nil {
+			err = s.owners.Check(c.Owner, s.cfg.MaxLeasesPerIdentity)
+		}
+		if err != nil {
+			out[i] = &fencev1.AcquireResult{Failure: wire.ToFailure(err)}
+			continue
+		}
+		cs = append(cs, c)
+		at = append(at, i)
+	}
+	if len(cs) > 0 {
+		rs, err := s.lessor.Batch(ctx, cs)
+		if err != nil {
+			return nil, wire.ToConnect(err)
+		}
+		for j, r := range rs {
+			if r.Outcome != fsm.Granted {
+				out[at[j]] = &fencev1.AcquireResult{Failure: wire.ToFailure(s.outcomeError(r))}
+				continue
+			}
+			out[at[j]] = &fencev1.AcquireResult{Lease: s.lease(r.Scope, r.Lease, true)}
+		}
+	}
+	return connect.NewResponse(&fencev1.AcquireBatchResponse{Results: out}), nil
+}
+
+// ReleaseBatch implements fence.v1.LeaseService.ReleaseBatch: each release
+// is checked and authorized on its own, and the ones that pass are
+// proposed together, as one log entry.
+func (s *Server) ReleaseBatch(ctx context.Context, req *connect.Request[fencev1.ReleaseBatchRequest]) (*connect.Response[fencev1.ReleaseBatchResponse], error) {
+	rs := req.Msg.Releases
+	if err := batchSize("releases", len(rs)); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	if err := s.checkReady(); err != nil {
+		return nil, wire.ToConnect(err)
+	}
+	out := make([]*fencev1.ReleaseResult, len(rs))
+	cs := make([]fsm.Command, 0, len(rs))
+	at := make([]int, 0, len(rs))
+	now := time.Now().UnixNano()
+	for i, m := range rs {
+		scope, id, err := scopeAndID(m.Scope, m.LeaseId)
+		if err == nil {
+			err = s.auth.Allowed(ctx, "release", scope)
+		}
+		if err != nil {
+			out[i] = &fencev1.ReleaseResult{Failure: wire.ToFailure(err)}
+			continue
+		}
+		cs = append(cs, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: now})
+		at = append(at, i)
+	}
+	if len(cs) > 0 {
+		results, err := s.lessor.Batch(ctx, cs)
+		if err != nil {
+			return nil, wire.ToConnect(err)
+		}
+		for j, r := range results {
+			if r.Outcome != fsm.Released {
+				out[at[j]] = &fencev1.ReleaseResult{Failure: wire.ToFailure(s.outcomeError(r))}
+				continue
+			}
+			out[at[j]] = &fencev1.ReleaseResult{Token: r.Lease.Token}
+		}
+	}
+	return connect.NewResponse(&fencev1.ReleaseBatchResponse{Results: out}), nil
 }
 
 // Renew implements fence.v1.LeaseService.Renew.
@@ -98,7 +204,8 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 const maxRenewBatch = 1000
 
 // RenewBatch implements fence.v1.LeaseService.RenewBatch: each renewal is
-// decided as Renew decides it, and one leadership check covers them all.
+// authorized and decided as Renew decides it, and one leadership check
+// covers them all.
 func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.RenewBatchRequest]) (*connect.Response[fencev1.RenewBatchResponse], error) {
 	rs := req.Msg.Renewals
 	if len(rs) == 0 || len(rs) > maxRenewBatch {
@@ -109,6 +216,7 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 		id    fence.LeaseID
 		r     fsm.Result
 		ttl   time.Duration
+		err   error // refused before it was looked at
 	}
 	batch := make([]renewal, len(rs))
 	for i, r := range rs {
@@ -120,7 +228,7 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 			}
 			return nil, wire.ToConnect(err)
 		}
-		batch[i] = renewal{scope: scope, id: id}
+		batch[i] = renewal{scope: scope, id: id, err: s.auth.Allowed(ctx, "renew", scope)}
 	}
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
@@ -128,6 +236,9 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	extended := false
 	for i := range batch {
 		b := &batch[i]
+		if b.err != nil {
+			continue
+		}
 		b.r, b.ttl = s.extend(b.scope, b.id)
 		extended = extended || b.r.Outcome == fsm.Granted
 	}
@@ -138,12 +249,19 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	}
 	out := make([]*fencev1.RenewResult, len(batch))
 	for i, b := range batch {
+		if b.err != nil {
+			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(b.err)}
+			continue
+		}
 		if b.r.Outcome != fsm.Granted {
 			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(s.outcomeError(b.r))}
 			continue
 		}
 		s.confirmed(ctx, b.scope, b.r.Lease, b.ttl)
 		out[i] = &fencev1.RenewResult{ExpiresIn: durationpb.New(b.ttl)}
+		if req.Msg.Leases {
+			out[i].Lease = s.lease(b.scope, b.r.Lease, true)
+		}
 	}
 	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
 }

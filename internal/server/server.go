@@ -32,9 +32,10 @@ import (
 )
 
 // maxRequestBytes bounds an API request body. The largest valid requests, a
-// full RenewBatch or ReportRejections with the longest scopes in JSON, are
-// under 400 KiB; every other one is under 1 KiB.
-const maxRequestBytes = 512 << 10
+// full AcquireBatch with the longest scopes, holders and request IDs in
+// JSON, are under 600 KiB; a full RenewBatch or ReportRejections under
+// 400 KiB; every other one is under 1 KiB.
+const maxRequestBytes = 1 << 20
 
 // Server is a running fenced. Its methods are safe for concurrent use.
 type Server struct {

@@ -129,23 +129,26 @@ func FromConnect(err error) error {
 	return err
 }
 
-// ToFailure turns the error of one renewal in a batch into its wire form:
-// what Renew would have answered for it.
+// ToFailure turns the error of one item of a batch into its wire form:
+// what the single call would have answered for it.
 func ToFailure(err error) *fencev1.RenewFailure {
 	ce := ToConnect(err)
 	f := &fencev1.RenewFailure{Code: ce.Code().String(), Message: ce.Message()}
 	for _, d := range ce.Details() {
 		if v, _ := d.Value(); v != nil {
-			if c, ok := v.(*fencev1.LeaseConflict); ok {
-				f.Conflict = c
+			switch d := v.(type) {
+			case *fencev1.LeaseConflict:
+				f.Conflict = d
+			case *fencev1.FieldViolation:
+				f.Violation = d
 			}
 		}
 	}
 	return f
 }
 
-// FromFailure turns a renewal's failure in a batch back into the error
-// Renew would have returned.
+// FromFailure turns an item's failure in a batch back into the error the
+// single call would have returned.
 func FromFailure(f *fencev1.RenewFailure) error {
 	var code connect.Code
 	if err := code.UnmarshalText([]byte(f.GetCode())); err != nil {
@@ -154,6 +157,9 @@ func FromFailure(f *fencev1.RenewFailure) error {
 	ce := connect.NewError(code, errors.New(f.GetMessage()))
 	if f.GetConflict() != nil {
 		addDetail(ce, f.GetConflict())
+	}
+	if f.GetViolation() != nil {
+		addDetail(ce, f.GetViolation())
 	}
 	return FromConnect(ce)
 }

@@ -432,7 +432,10 @@ func (x *RenewResponse) GetLease() *Lease {
 type RenewBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 1000 renewals; a scope may appear once.
-	Renewals      []*RenewRequest `protobuf:"bytes,1,rep,name=renewals,proto3" json:"renewals,omitempty"`
+	Renewals []*RenewRequest `protobuf:"bytes,1,rep,name=renewals,proto3" json:"renewals,omitempty"`
+	// Answer each renewed lease in full, as Renew does (its signed token
+	// included), not only its time left.
+	Leases        bool `protobuf:"varint,2,opt,name=leases,proto3" json:"leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -472,6 +475,13 @@ func (x *RenewBatchRequest) GetRenewals() []*RenewRequest {
 		return x.Renewals
 	}
 	return nil
+}
+
+func (x *RenewBatchRequest) GetLeases() bool {
+	if x != nil {
+		return x.Leases
+	}
+	return false
 }
 
 type RenewBatchResponse struct {
@@ -524,9 +534,11 @@ func (x *RenewBatchResponse) GetResults() []*RenewResult {
 // for it. The caller knows the lease's scope, token and ID already; they
 // are not repeated.
 type RenewResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExpiresIn     *durationpb.Duration   `protobuf:"bytes,1,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
-	Failure       *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ExpiresIn *durationpb.Duration   `protobuf:"bytes,1,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	Failure   *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
+	// The renewed lease, as Renew answers it, if the request asked for leases.
+	Lease         *Lease `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,14 +587,27 @@ func (x *RenewResult) GetFailure() *RenewFailure {
 	return nil
 }
 
-// RenewFailure is a renewal refused inside a batch.
+func (x *RenewResult) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// RenewFailure is one item of a batch refused: a renewal, an acquire or a
+// release (the name is from the first batch call).
 type RenewFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The Connect code name, as Renew would answer it: "failed_precondition"
-	// for a lease that is no longer current.
-	Code          string         `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string         `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Conflict      *LeaseConflict `protobuf:"bytes,3,opt,name=conflict,proto3" json:"conflict,omitempty"`
+	// The Connect code name, as the single call would answer it:
+	// "failed_precondition" for a lease that is no longer current, "aborted"
+	// for a held scope, "permission_denied" for a scope the caller may not
+	// touch.
+	Code     string         `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message  string         `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Conflict *LeaseConflict `protobuf:"bytes,3,opt,name=conflict,proto3" json:"conflict,omitempty"`
+	// For "invalid_argument": the field at fault, as the single call's
+	// error detail names it.
+	Violation     *FieldViolation `protobuf:"bytes,4,opt,name=violation,proto3" json:"violation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +663,302 @@ func (x *RenewFailure) GetConflict() *LeaseConflict {
 	return nil
 }
 
+func (x *RenewFailure) GetViolation() *FieldViolation {
+	if x != nil {
+		return x.Violation
+	}
+	return nil
+}
+
+type AcquireBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 1000 acquires, none with wait. A scope may appear more than once:
+	// the acquires apply in order, so the second of a free scope is held.
+	Acquires      []*AcquireRequest `protobuf:"bytes,1,rep,name=acquires,proto3" json:"acquires,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireBatchRequest) Reset() {
+	*x = AcquireBatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireBatchRequest) ProtoMessage() {}
+
+func (x *AcquireBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireBatchRequest.ProtoReflect.Descriptor instead.
+func (*AcquireBatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AcquireBatchRequest) GetAcquires() []*AcquireRequest {
+	if x != nil {
+		return x.Acquires
+	}
+	return nil
+}
+
+type AcquireBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per acquire, in the request's order.
+	Results       []*AcquireResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireBatchResponse) Reset() {
+	*x = AcquireBatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireBatchResponse) ProtoMessage() {}
+
+func (x *AcquireBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireBatchResponse.ProtoReflect.Descriptor instead.
+func (*AcquireBatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AcquireBatchResponse) GetResults() []*AcquireResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// AcquireResult is one acquire's answer: its lease, as Acquire answers it,
+// or the error Acquire would have answered.
+type AcquireResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	Failure       *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireResult) Reset() {
+	*x = AcquireResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireResult) ProtoMessage() {}
+
+func (x *AcquireResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireResult.ProtoReflect.Descriptor instead.
+func (*AcquireResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AcquireResult) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *AcquireResult) GetFailure() *RenewFailure {
+	if x != nil {
+		return x.Failure
+	}
+	return nil
+}
+
+type ReleaseBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 1000 releases.
+	Releases      []*ReleaseRequest `protobuf:"bytes,1,rep,name=releases,proto3" json:"releases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseBatchRequest) Reset() {
+	*x = ReleaseBatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseBatchRequest) ProtoMessage() {}
+
+func (x *ReleaseBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseBatchRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseBatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReleaseBatchRequest) GetReleases() []*ReleaseRequest {
+	if x != nil {
+		return x.Releases
+	}
+	return nil
+}
+
+type ReleaseBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per release, in the request's order.
+	Results       []*ReleaseResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseBatchResponse) Reset() {
+	*x = ReleaseBatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseBatchResponse) ProtoMessage() {}
+
+func (x *ReleaseBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseBatchResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseBatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReleaseBatchResponse) GetResults() []*ReleaseResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// ReleaseResult is one release's answer: the released lease's token, or
+// the error Release would have answered.
+type ReleaseResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Failure       *RenewFailure          `protobuf:"bytes,2,opt,name=failure,proto3" json:"failure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResult) Reset() {
+	*x = ReleaseResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResult) ProtoMessage() {}
+
+func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
+func (*ReleaseResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReleaseResult) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *ReleaseResult) GetFailure() *RenewFailure {
+	if x != nil {
+		return x.Failure
+	}
+	return nil
+}
+
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
@@ -648,7 +969,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +981,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +994,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetScope() string {
@@ -701,7 +1022,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +1034,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +1047,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseResponse) GetScope() string {
@@ -752,7 +1073,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1085,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1098,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRequest) GetScope() string {
@@ -802,7 +1123,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1135,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1148,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetResponse) GetScope() string {
@@ -872,7 +1193,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +1205,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +1218,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -933,7 +1254,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1266,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1279,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetLeases() []*Lease {
@@ -991,7 +1312,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1324,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1337,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1056,7 +1377,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1389,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1402,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1134,7 +1455,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1467,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1480,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchEvent) GetPosition() uint64 {
@@ -1248,7 +1569,7 @@ type ReportRejectionsRequest struct {
 
 func (x *ReportRejectionsRequest) Reset() {
 	*x = ReportRejectionsRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1581,7 @@ func (x *ReportRejectionsRequest) String() string {
 func (*ReportRejectionsRequest) ProtoMessage() {}
 
 func (x *ReportRejectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1594,7 @@ func (x *ReportRejectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRejectionsRequest.ProtoReflect.Descriptor instead.
 func (*ReportRejectionsRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReportRejectionsRequest) GetGuard() string {
@@ -1313,7 +1634,7 @@ type Rejection struct {
 
 func (x *Rejection) Reset() {
 	*x = Rejection{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1646,7 @@ func (x *Rejection) String() string {
 func (*Rejection) ProtoMessage() {}
 
 func (x *Rejection) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1659,7 @@ func (x *Rejection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
 func (*Rejection) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Rejection) GetScope() string {
@@ -1377,7 +1698,7 @@ type ReportRejectionsResponse struct {
 
 func (x *ReportRejectionsResponse) Reset() {
 	*x = ReportRejectionsResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1710,7 @@ func (x *ReportRejectionsResponse) String() string {
 func (*ReportRejectionsResponse) ProtoMessage() {}
 
 func (x *ReportRejectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1723,7 @@ func (x *ReportRejectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRejectionsResponse.ProtoReflect.Descriptor instead.
 func (*ReportRejectionsResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 // LeaseConflict is the detail of ABORTED (the scope is held) and
@@ -1424,7 +1745,7 @@ type LeaseConflict struct {
 
 func (x *LeaseConflict) Reset() {
 	*x = LeaseConflict{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1757,7 @@ func (x *LeaseConflict) String() string {
 func (*LeaseConflict) ProtoMessage() {}
 
 func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1770,7 @@ func (x *LeaseConflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConflict.ProtoReflect.Descriptor instead.
 func (*LeaseConflict) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LeaseConflict) GetScope() string {
@@ -1505,7 +1826,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1838,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1851,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -1577,19 +1898,36 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"6\n" +
 	"\rRenewResponse\x12%\n" +
-	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\"G\n" +
+	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\"_\n" +
 	"\x11RenewBatchRequest\x122\n" +
-	"\brenewals\x18\x01 \x03(\v2\x16.fence.v1.RenewRequestR\brenewals\"E\n" +
+	"\brenewals\x18\x01 \x03(\v2\x16.fence.v1.RenewRequestR\brenewals\x12\x16\n" +
+	"\x06leases\x18\x02 \x01(\bR\x06leases\"E\n" +
 	"\x12RenewBatchResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.fence.v1.RenewResultR\aresults\"y\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.fence.v1.RenewResultR\aresults\"\xa0\x01\n" +
 	"\vRenewResult\x128\n" +
 	"\n" +
 	"expires_in\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x120\n" +
-	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\"q\n" +
+	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\x12%\n" +
+	"\x05lease\x18\x03 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\"\xa9\x01\n" +
 	"\fRenewFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x123\n" +
-	"\bconflict\x18\x03 \x01(\v2\x17.fence.v1.LeaseConflictR\bconflict\"A\n" +
+	"\bconflict\x18\x03 \x01(\v2\x17.fence.v1.LeaseConflictR\bconflict\x126\n" +
+	"\tviolation\x18\x04 \x01(\v2\x18.fence.v1.FieldViolationR\tviolation\"K\n" +
+	"\x13AcquireBatchRequest\x124\n" +
+	"\bacquires\x18\x01 \x03(\v2\x18.fence.v1.AcquireRequestR\bacquires\"I\n" +
+	"\x14AcquireBatchResponse\x121\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.fence.v1.AcquireResultR\aresults\"h\n" +
+	"\rAcquireResult\x12%\n" +
+	"\x05lease\x18\x01 \x01(\v2\x0f.fence.v1.LeaseR\x05lease\x120\n" +
+	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\"K\n" +
+	"\x13ReleaseBatchRequest\x124\n" +
+	"\breleases\x18\x01 \x03(\v2\x18.fence.v1.ReleaseRequestR\breleases\"I\n" +
+	"\x14ReleaseBatchResponse\x121\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.fence.v1.ReleaseResultR\aresults\"W\n" +
+	"\rReleaseResult\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x120\n" +
+	"\afailure\x18\x02 \x01(\v2\x16.fence.v1.RenewFailureR\afailure\"A\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"=\n" +
@@ -1666,12 +2004,14 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12EVENT_KIND_EXPIRED\x10\x04\x12\x13\n" +
 	"\x0fEVENT_KIND_LOST\x10\x05\x12\x17\n" +
 	"\x13EVENT_KIND_REJECTED\x10\x06\x12\x13\n" +
-	"\x0fEVENT_KIND_HELD\x10\a2\xa2\x04\n" +
+	"\x0fEVENT_KIND_HELD\x10\a2\xc0\x05\n" +
 	"\fLeaseService\x12>\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\x128\n" +
 	"\x05Renew\x12\x16.fence.v1.RenewRequest\x1a\x17.fence.v1.RenewResponse\x12G\n" +
 	"\n" +
-	"RenewBatch\x12\x1b.fence.v1.RenewBatchRequest\x1a\x1c.fence.v1.RenewBatchResponse\x12>\n" +
+	"RenewBatch\x12\x1b.fence.v1.RenewBatchRequest\x1a\x1c.fence.v1.RenewBatchResponse\x12M\n" +
+	"\fAcquireBatch\x12\x1d.fence.v1.AcquireBatchRequest\x1a\x1e.fence.v1.AcquireBatchResponse\x12M\n" +
+	"\fReleaseBatch\x12\x1d.fence.v1.ReleaseBatchRequest\x1a\x1e.fence.v1.ReleaseBatchResponse\x12>\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\x127\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x03\x90\x02\x01\x12:\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x03\x90\x02\x01\x12?\n" +
@@ -1691,7 +2031,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(EventKind)(0),                   // 0: fence.v1.EventKind
 	(*Lease)(nil),                    // 1: fence.v1.Lease
@@ -1703,65 +2043,84 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*RenewBatchResponse)(nil),       // 7: fence.v1.RenewBatchResponse
 	(*RenewResult)(nil),              // 8: fence.v1.RenewResult
 	(*RenewFailure)(nil),             // 9: fence.v1.RenewFailure
-	(*ReleaseRequest)(nil),           // 10: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 11: fence.v1.ReleaseResponse
-	(*GetRequest)(nil),               // 12: fence.v1.GetRequest
-	(*GetResponse)(nil),              // 13: fence.v1.GetResponse
-	(*ListRequest)(nil),              // 14: fence.v1.ListRequest
-	(*ListResponse)(nil),             // 15: fence.v1.ListResponse
-	(*WatchRequest)(nil),             // 16: fence.v1.WatchRequest
-	(*WatchResponse)(nil),            // 17: fence.v1.WatchResponse
-	(*WatchEvent)(nil),               // 18: fence.v1.WatchEvent
-	(*ReportRejectionsRequest)(nil),  // 19: fence.v1.ReportRejectionsRequest
-	(*Rejection)(nil),                // 20: fence.v1.Rejection
-	(*ReportRejectionsResponse)(nil), // 21: fence.v1.ReportRejectionsResponse
-	(*LeaseConflict)(nil),            // 22: fence.v1.LeaseConflict
-	(*FieldViolation)(nil),           // 23: fence.v1.FieldViolation
-	(*durationpb.Duration)(nil),      // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
+	(*AcquireBatchRequest)(nil),      // 10: fence.v1.AcquireBatchRequest
+	(*AcquireBatchResponse)(nil),     // 11: fence.v1.AcquireBatchResponse
+	(*AcquireResult)(nil),            // 12: fence.v1.AcquireResult
+	(*ReleaseBatchRequest)(nil),      // 13: fence.v1.ReleaseBatchRequest
+	(*ReleaseBatchResponse)(nil),     // 14: fence.v1.ReleaseBatchResponse
+	(*ReleaseResult)(nil),            // 15: fence.v1.ReleaseResult
+	(*ReleaseRequest)(nil),           // 16: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 17: fence.v1.ReleaseResponse
+	(*GetRequest)(nil),               // 18: fence.v1.GetRequest
+	(*GetResponse)(nil),              // 19: fence.v1.GetResponse
+	(*ListRequest)(nil),              // 20: fence.v1.ListRequest
+	(*ListResponse)(nil),             // 21: fence.v1.ListResponse
+	(*WatchRequest)(nil),             // 22: fence.v1.WatchRequest
+	(*WatchResponse)(nil),            // 23: fence.v1.WatchResponse
+	(*WatchEvent)(nil),               // 24: fence.v1.WatchEvent
+	(*ReportRejectionsRequest)(nil),  // 25: fence.v1.ReportRejectionsRequest
+	(*Rejection)(nil),                // 26: fence.v1.Rejection
+	(*ReportRejectionsResponse)(nil), // 27: fence.v1.ReportRejectionsResponse
+	(*LeaseConflict)(nil),            // 28: fence.v1.LeaseConflict
+	(*FieldViolation)(nil),           // 29: fence.v1.FieldViolation
+	(*durationpb.Duration)(nil),      // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 31: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	24, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	24, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
-	25, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	24, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 0: fence.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	30, // 1: fence.v1.Lease.expires_in:type_name -> google.protobuf.Duration
+	31, // 2: fence.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	30, // 3: fence.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 4: fence.v1.AcquireResponse.lease:type_name -> fence.v1.Lease
 	1,  // 5: fence.v1.RenewResponse.lease:type_name -> fence.v1.Lease
 	4,  // 6: fence.v1.RenewBatchRequest.renewals:type_name -> fence.v1.RenewRequest
 	8,  // 7: fence.v1.RenewBatchResponse.results:type_name -> fence.v1.RenewResult
-	24, // 8: fence.v1.RenewResult.expires_in:type_name -> google.protobuf.Duration
+	30, // 8: fence.v1.RenewResult.expires_in:type_name -> google.protobuf.Duration
 	9,  // 9: fence.v1.RenewResult.failure:type_name -> fence.v1.RenewFailure
-	22, // 10: fence.v1.RenewFailure.conflict:type_name -> fence.v1.LeaseConflict
-	1,  // 11: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
-	1,  // 12: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
-	18, // 13: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
-	0,  // 14: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
-	24, // 15: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
-	25, // 16: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
-	20, // 17: fence.v1.ReportRejectionsRequest.rejections:type_name -> fence.v1.Rejection
-	25, // 18: fence.v1.Rejection.time:type_name -> google.protobuf.Timestamp
-	24, // 19: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
-	2,  // 20: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
-	4,  // 21: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
-	6,  // 22: fence.v1.LeaseService.RenewBatch:input_type -> fence.v1.RenewBatchRequest
-	10, // 23: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
-	12, // 24: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
-	14, // 25: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
-	16, // 26: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
-	19, // 27: fence.v1.LeaseService.ReportRejections:input_type -> fence.v1.ReportRejectionsRequest
-	3,  // 28: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
-	5,  // 29: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
-	7,  // 30: fence.v1.LeaseService.RenewBatch:output_type -> fence.v1.RenewBatchResponse
-	11, // 31: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
-	13, // 32: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
-	15, // 33: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
-	17, // 34: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
-	21, // 35: fence.v1.LeaseService.ReportRejections:output_type -> fence.v1.ReportRejectionsResponse
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	1,  // 10: fence.v1.RenewResult.lease:type_name -> fence.v1.Lease
+	28, // 11: fence.v1.RenewFailure.conflict:type_name -> fence.v1.LeaseConflict
+	29, // 12: fence.v1.RenewFailure.violation:type_name -> fence.v1.FieldViolation
+	2,  // 13: fence.v1.AcquireBatchRequest.acquires:type_name -> fence.v1.AcquireRequest
+	12, // 14: fence.v1.AcquireBatchResponse.results:type_name -> fence.v1.AcquireResult
+	1,  // 15: fence.v1.AcquireResult.lease:type_name -> fence.v1.Lease
+	9,  // 16: fence.v1.AcquireResult.failure:type_name -> fence.v1.RenewFailure
+	16, // 17: fence.v1.ReleaseBatchRequest.releases:type_name -> fence.v1.ReleaseRequest
+	15, // 18: fence.v1.ReleaseBatchResponse.results:type_name -> fence.v1.ReleaseResult
+	9,  // 19: fence.v1.ReleaseResult.failure:type_name -> fence.v1.RenewFailure
+	1,  // 20: fence.v1.GetResponse.lease:type_name -> fence.v1.Lease
+	1,  // 21: fence.v1.ListResponse.leases:type_name -> fence.v1.Lease
+	24, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.WatchEvent
+	0,  // 23: fence.v1.WatchEvent.kind:type_name -> fence.v1.EventKind
+	30, // 24: fence.v1.WatchEvent.ttl:type_name -> google.protobuf.Duration
+	31, // 25: fence.v1.WatchEvent.time:type_name -> google.protobuf.Timestamp
+	26, // 26: fence.v1.ReportRejectionsRequest.rejections:type_name -> fence.v1.Rejection
+	31, // 27: fence.v1.Rejection.time:type_name -> google.protobuf.Timestamp
+	30, // 28: fence.v1.LeaseConflict.expires_in:type_name -> google.protobuf.Duration
+	2,  // 29: fence.v1.LeaseService.Acquire:input_type -> fence.v1.AcquireRequest
+	4,  // 30: fence.v1.LeaseService.Renew:input_type -> fence.v1.RenewRequest
+	6,  // 31: fence.v1.LeaseService.RenewBatch:input_type -> fence.v1.RenewBatchRequest
+	10, // 32: fence.v1.LeaseService.AcquireBatch:input_type -> fence.v1.AcquireBatchRequest
+	13, // 33: fence.v1.LeaseService.ReleaseBatch:input_type -> fence.v1.ReleaseBatchRequest
+	16, // 34: fence.v1.LeaseService.Release:input_type -> fence.v1.ReleaseRequest
+	18, // 35: fence.v1.LeaseService.Get:input_type -> fence.v1.GetRequest
+	20, // 36: fence.v1.LeaseService.List:input_type -> fence.v1.ListRequest
+	22, // 37: fence.v1.LeaseService.Watch:input_type -> fence.v1.WatchRequest
+	25, // 38: fence.v1.LeaseService.ReportRejections:input_type -> fence.v1.ReportRejectionsRequest
+	3,  // 39: fence.v1.LeaseService.Acquire:output_type -> fence.v1.AcquireResponse
+	5,  // 40: fence.v1.LeaseService.Renew:output_type -> fence.v1.RenewResponse
+	7,  // 41: fence.v1.LeaseService.RenewBatch:output_type -> fence.v1.RenewBatchResponse
+	11, // 42: fence.v1.LeaseService.AcquireBatch:output_type -> fence.v1.AcquireBatchResponse
+	14, // 43: fence.v1.LeaseService.ReleaseBatch:output_type -> fence.v1.ReleaseBatchResponse
+	17, // 44: fence.v1.LeaseService.Release:output_type -> fence.v1.ReleaseResponse
+	19, // 45: fence.v1.LeaseService.Get:output_type -> fence.v1.GetResponse
+	21, // 46: fence.v1.LeaseService.List:output_type -> fence.v1.ListResponse
+	23, // 47: fence.v1.LeaseService.Watch:output_type -> fence.v1.WatchResponse
+	27, // 48: fence.v1.LeaseService.ReportRejections:output_type -> fence.v1.ReportRejectionsResponse
+	39, // [39:49] is the sub-list for method output_type
+	29, // [29:39] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -1775,7 +2134,7 @@ func file_fence_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

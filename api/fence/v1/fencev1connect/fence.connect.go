@@ -43,6 +43,12 @@ const (
 	LeaseServiceRenewProcedure = "/fence.v1.LeaseService/Renew"
 	// LeaseServiceRenewBatchProcedure is the fully-qualified name of the LeaseService's RenewBatch RPC.
 	LeaseServiceRenewBatchProcedure = "/fence.v1.LeaseService/RenewBatch"
+	// LeaseServiceAcquireBatchProcedure is the fully-qualified name of the LeaseService's AcquireBatch
+	// RPC.
+	LeaseServiceAcquireBatchProcedure = "/fence.v1.LeaseService/AcquireBatch"
+	// LeaseServiceReleaseBatchProcedure is the fully-qualified name of the LeaseService's ReleaseBatch
+	// RPC.
+	LeaseServiceReleaseBatchProcedure = "/fence.v1.LeaseService/ReleaseBatch"
 	// LeaseServiceReleaseProcedure is the fully-qualified name of the LeaseService's Release RPC.
 	LeaseServiceReleaseProcedure = "/fence.v1.LeaseService/Release"
 	// LeaseServiceGetProcedure is the fully-qualified name of the LeaseService's Get RPC.
@@ -68,8 +74,23 @@ type LeaseServiceClient interface {
 	// RenewBatch renews several leases in one call, each on its own: the
 	// answer has one result per renewal, in order, holding the lease's time
 	// left or why that lease could not be renewed. An error for the whole call
-	// (a malformed renewal, no leader, permission denied) renews nothing.
+	// (a malformed request, no leader, no credentials) renews nothing; a
+	// scope the caller may not renew is refused in its own result, and the
+	// others are renewed all the same.
 	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
+	// AcquireBatch acquires several scopes in one call, each on its own, as
+	// Acquire would without wait: one result per acquire, in order, holding
+	// the grant or why that scope was not granted (held, permission denied,
+	// malformed). The service writes the grants as one Raft log entry, so a
+	// batch costs about one acquire. Waiting acquires are refused here: one
+	// queued item would hold back the answers of all the others; use
+	// Acquire with wait. An error for the whole call (no leader, no
+	// credentials, too many items) grants nothing.
+	AcquireBatch(context.Context, *connect.Request[v1.AcquireBatchRequest]) (*connect.Response[v1.AcquireBatchResponse], error)
+	// ReleaseBatch releases several leases in one call, each on its own, as
+	// Release would, in one Raft log entry: one result per release, in order.
+	// An error for the whole call releases nothing.
+	ReleaseBatch(context.Context, *connect.Request[v1.ReleaseBatchRequest]) (*connect.Response[v1.ReleaseBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
 	// counter is kept: the next grant takes a greater token.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -128,6 +149,18 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(leaseServiceMethods.ByName("RenewBatch")),
 			connect.WithClientOptions(opts...),
 		),
+		acquireBatch: connect.NewClient[v1.AcquireBatchRequest, v1.AcquireBatchResponse](
+			httpClient,
+			baseURL+LeaseServiceAcquireBatchProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("AcquireBatch")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseBatch: connect.NewClient[v1.ReleaseBatchRequest, v1.ReleaseBatchResponse](
+			httpClient,
+			baseURL+LeaseServiceReleaseBatchProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("ReleaseBatch")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+LeaseServiceReleaseProcedure,
@@ -169,6 +202,8 @@ type leaseServiceClient struct {
 	acquire          *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
 	renew            *connect.Client[v1.RenewRequest, v1.RenewResponse]
 	renewBatch       *connect.Client[v1.RenewBatchRequest, v1.RenewBatchResponse]
+	acquireBatch     *connect.Client[v1.AcquireBatchRequest, v1.AcquireBatchResponse]
+	releaseBatch     *connect.Client[v1.ReleaseBatchRequest, v1.ReleaseBatchResponse]
 	release          *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	get              *connect.Client[v1.GetRequest, v1.GetResponse]
 	list             *connect.Client[v1.ListRequest, v1.ListResponse]
@@ -189,6 +224,16 @@ func (c *leaseServiceClient) Renew(ctx context.Context, req *connect.Request[v1.
 // RenewBatch calls fence.v1.LeaseService.RenewBatch.
 func (c *leaseServiceClient) RenewBatch(ctx context.Context, req *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
 	return c.renewBatch.CallUnary(ctx, req)
+}
+
+// AcquireBatch calls fence.v1.LeaseService.AcquireBatch.
+func (c *leaseServiceClient) AcquireBatch(ctx context.Context, req *connect.Request[v1.AcquireBatchRequest]) (*connect.Response[v1.AcquireBatchResponse], error) {
+	return c.acquireBatch.CallUnary(ctx, req)
+}
+
+// ReleaseBatch calls fence.v1.LeaseService.ReleaseBatch.
+func (c *leaseServiceClient) ReleaseBatch(ctx context.Context, req *connect.Request[v1.ReleaseBatchRequest]) (*connect.Response[v1.ReleaseBatchResponse], error) {
+	return c.releaseBatch.CallUnary(ctx, req)
 }
 
 // Release calls fence.v1.LeaseService.Release.
@@ -228,8 +273,23 @@ type LeaseServiceHandler interface {
 	// RenewBatch renews several leases in one call, each on its own: the
 	// answer has one result per renewal, in order, holding the lease's time
 	// left or why that lease could not be renewed. An error for the whole call
-	// (a malformed renewal, no leader, permission denied) renews nothing.
+	// (a malformed request, no leader, no credentials) renews nothing; a
+	// scope the caller may not renew is refused in its own result, and the
+	// others are renewed all the same.
 	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
+	// AcquireBatch acquires several scopes in one call, each on its own, as
+	// Acquire would without wait: one result per acquire, in order, holding
+	// the grant or why that scope was not granted (held, permission denied,
+	// malformed). The service writes the grants as one Raft log entry, so a
+	// batch costs about one acquire. Waiting acquires are refused here: one
+	// queued item would hold back the answers of all the others; use
+	// Acquire with wait. An error for the whole call (no leader, no
+	// credentials, too many items) grants nothing.
+	AcquireBatch(context.Context, *connect.Request[v1.AcquireBatchRequest]) (*connect.Response[v1.AcquireBatchResponse], error)
+	// ReleaseBatch releases several leases in one call, each on its own, as
+	// Release would, in one Raft log entry: one result per release, in order.
+	// An error for the whole call releases nothing.
+	ReleaseBatch(context.Context, *connect.Request[v1.ReleaseBatchRequest]) (*connect.Response[v1.ReleaseBatchResponse], error)
 	// Release frees the scope if lease_id is its current lease. The token
 	// counter is kept: the next grant takes a greater token.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -284,6 +344,18 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(leaseServiceMethods.ByName("RenewBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceAcquireBatchHandler := connect.NewUnaryHandler(
+		LeaseServiceAcquireBatchProcedure,
+		svc.AcquireBatch,
+		connect.WithSchema(leaseServiceMethods.ByName("AcquireBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	leaseServiceReleaseBatchHandler := connect.NewUnaryHandler(
+		LeaseServiceReleaseBatchProcedure,
+		svc.ReleaseBatch,
+		connect.WithSchema(leaseServiceMethods.ByName("ReleaseBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	leaseServiceReleaseHandler := connect.NewUnaryHandler(
 		LeaseServiceReleaseProcedure,
 		svc.Release,
@@ -325,6 +397,10 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceRenewHandler.ServeHTTP(w, r)
 		case LeaseServiceRenewBatchProcedure:
 			leaseServiceRenewBatchHandler.ServeHTTP(w, r)
+		case LeaseServiceAcquireBatchProcedure:
+			leaseServiceAcquireBatchHandler.ServeHTTP(w, r)
+		case LeaseServiceReleaseBatchProcedure:
+			leaseServiceReleaseBatchHandler.ServeHTTP(w, r)
 		case LeaseServiceReleaseProcedure:
 			leaseServiceReleaseHandler.ServeHTTP(w, r)
 		case LeaseServiceGetProcedure:
@@ -354,6 +430,14 @@ func (UnimplementedLeaseServiceHandler) Renew(context.Context, *connect.Request[
 
 func (UnimplementedLeaseServiceHandler) RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.RenewBatch is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) AcquireBatch(context.Context, *connect.Request[v1.AcquireBatchRequest]) (*connect.Response[v1.AcquireBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.AcquireBatch is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) ReleaseBatch(context.Context, *connect.Request[v1.ReleaseBatchRequest]) (*connect.Response[v1.ReleaseBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LeaseService.ReleaseBatch is not implemented"))
 }
 
 func (UnimplementedLeaseServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
