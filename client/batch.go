@@ -34,8 +34,9 @@ type RenewResult struct {
 // RenewBatch renews up to MaxRenewBatch leases in one call, each on its
 // own: a lease that is no longer current gets its own error, as from Renew,
 // and the others are renewed all the same. The results are in the order of
-// rs. The error is for the call as a whole (bad input, no leader, no
-// permission for one of the scopes), and then nothing was renewed.
+// rs; a scope the caller may not renew is refused in its own result. The
+// error is for the call as a whole (bad input, no leader, no credentials),
+// and then nothing was renewed.
 func (c *Client) RenewBatch(ctx context.Context, rs []Renewal) ([]RenewResult, error) {
 	if len(rs) == 0 {
 		return nil, nil

@@ -37,6 +37,12 @@ type Client struct {
 	cfg   config
 	renew renewer // the leases' keep-alives
 
+	// The concurrent Acquire (without wait), Renew and Release calls,
+	// coalesced into batch calls (see coalescer).
+	acquires *coalescer[*fencev1.AcquireRequest, granted]
+	renewals *coalescer[*fencev1.RenewRequest, fence.Lease]
+	releases *coalescer[*fencev1.ReleaseRequest, uint64]
+
 	mu     sync.Mutex
 	leases map[*Lease]struct{} // kept alive now; Close ends them
 	closed bool
@@ -88,6 +94,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 	}
 	c := &Client{http: h, cfg: cfg}
 	c.renew.c = c
+	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany}
+	c.renewals = &coalescer[*fencev1.RenewRequest, fence.Lease]{one: c.renewOne, many: c.renewMany}
+	c.releases = &coalescer[*fencev1.ReleaseRequest, uint64]{one: c.releaseOne, many: c.releaseMany}
 	// Answers come uncompressed: a lease service runs near its clients,
 	// where gzip costs more CPU than it saves (a third of a renewal batch's
 	// CPU went to it), and the signatures in tokens do not compress.
@@ -283,11 +292,38 @@ func withRequestID(a acquireConfig) acquireConfig {
 // succeeded, from which the lease's local validity counts, and whether
 // earlier attempts were made: then the grant may be theirs, with a deadline
 // that started before that send time.
+//
+// An acquire without wait shares a call with the client's concurrent ones;
+// a waiting acquire goes alone, since its wait would hold back the others.
 func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fence.Lease, time.Time, bool, error) {
 	req := &fencev1.AcquireRequest{Scope: scope, Holder: a.holder, Wait: a.wait, RequestId: a.requestID}
 	if a.ttl != 0 {
 		req.Ttl = durationpb.New(a.ttl)
 	}
+	var (
+		g   granted
+		err error
+	)
+	if a.wait {
+		g, err = c.grantOne(ctx, req)
+	} else {
+		g, err = c.acquires.do(ctx, req)
+	}
+	if err != nil {
+		return fence.Lease{}, time.Time{}, false, fmt.Errorf("acquire %q: %w", scope, err)
+	}
+	return g.lease, g.sent, g.retried, nil
+}
+
+// granted is an acquire's answer: the lease, the send time of the attempt
+// that succeeded, and whether earlier attempts were made.
+type granted struct {
+	lease   fence.Lease
+	sent    time.Time
+	retried bool
+}
+
+func (c *Client) grantOne(ctx context.Context, req *fencev1.AcquireRequest) (granted, error) {
 	var sent time.Time
 	attempts := 0
 	// Every attempt sends this one req, whichever node it goes to: the
@@ -299,28 +335,104 @@ func (c *Client) grant(ctx context.Context, scope string, a acquireConfig) (fenc
 		return n.lease.Acquire(ctx, connect.NewRequest(req))
 	})
 	if err != nil {
-		return fence.Lease{}, time.Time{}, false, fmt.Errorf("acquire %q: %w", scope, err)
+		return granted{}, err
 	}
-	return wire.LeaseFrom(resp.Msg.Lease), sent, attempts > 1, nil
+	return granted{wire.LeaseFrom(resp.Msg.Lease), sent, attempts > 1}, nil
+}
+
+// grantMany acquires in one AcquireBatch call. Its retries resend the same
+// requests, request IDs included, so a retried batch gets the grants the
+// lost answer carried, as a retried Acquire does.
+func (c *Client) grantMany(ctx context.Context, reqs []*fencev1.AcquireRequest) ([]granted, []error, error) {
+	var sent time.Time
+	attempts := 0
+	breq := &fencev1.AcquireBatchRequest{Acquires: reqs}
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AcquireBatchResponse], error) {
+		attempts++
+		sent = time.Now()
+		return n.lease.AcquireBatch(ctx, connect.NewRequest(breq))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(resp.Msg.Results) != len(reqs) {
+		return nil, nil, fmt.Errorf("%w: %d acquires answered with %d results", fence.ErrUnavailable, len(reqs), len(resp.Msg.Results))
+	}
+	out, errs := make([]granted, len(reqs)), make([]error, len(reqs))
+	for i, r := range resp.Msg.Results {
+		if r.Failure != nil || r.Lease == nil {
+			errs[i] = wire.FromFailure(r.GetFailure())
+			continue
+		}
+		out[i] = granted{wire.LeaseFrom(r.Lease), sent, attempts > 1}
+	}
+	return out, errs, nil
 }
 
 // Renew extends a lease by its TTL once. The token does not change.
+// Concurrent calls share one RenewBatch call (see the package
+// documentation, Batching).
 func (c *Client) Renew(ctx context.Context, scope string, id fence.LeaseID) (fence.Lease, error) {
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewResponse], error) {
-		return n.lease.Renew(ctx, connect.NewRequest(&fencev1.RenewRequest{Scope: scope, LeaseId: id.String()}))
-	})
+	l, err := c.renewals.do(ctx, &fencev1.RenewRequest{Scope: scope, LeaseId: id.String()})
 	if err != nil {
 		return fence.Lease{}, fmt.Errorf("renew %q: %w", scope, err)
+	}
+	return l, nil
+}
+
+func (c *Client) renewOne(ctx context.Context, req *fencev1.RenewRequest) (fence.Lease, error) {
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewResponse], error) {
+		return n.lease.Renew(ctx, connect.NewRequest(req))
+	})
+	if err != nil {
+		return fence.Lease{}, err
 	}
 	return wire.LeaseFrom(resp.Msg.Lease), nil
 }
 
+func (c *Client) renewMany(ctx context.Context, reqs []*fencev1.RenewRequest) ([]fence.Lease, []error, error) {
+	breq := &fencev1.RenewBatchRequest{Renewals: reqs, Leases: true}
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewBatchResponse], error) {
+		return n.lease.RenewBatch(ctx, connect.NewRequest(breq))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(resp.Msg.Results) != len(reqs) {
+		return nil, nil, fmt.Errorf("%w: %d renewals answered with %d results", fence.ErrUnavailable, len(reqs), len(resp.Msg.Results))
+	}
+	out, errs := make([]fence.Lease, len(reqs)), make([]error, len(reqs))
+	for i, r := range resp.Msg.Results {
+		switch {
+		case r.Failure != nil:
+			errs[i] = wire.FromFailure(r.Failure)
+		case r.Lease == nil:
+			// A service older than the leases field renewed it and
+			// answered its time left only: ask again, alone, for the
+			// lease Renew returns.
+			out[i], errs[i] = c.renewOne(ctx, reqs[i])
+		default:
+			out[i] = wire.LeaseFrom(r.Lease)
+		}
+	}
+	return out, errs, nil
+}
+
 // Release frees a lease and returns its token. The scope's next grant gets
-// a greater token.
+// a greater token. Concurrent calls share one ReleaseBatch call (see the
+// package documentation, Batching).
 func (c *Client) Release(ctx context.Context, scope string, id fence.LeaseID) (uint64, error) {
+	token, err := c.releases.do(ctx, &fencev1.ReleaseRequest{Scope: scope, LeaseId: id.String()})
+	if err != nil {
+		return 0, fmt.Errorf("release %q: %w", scope, err)
+	}
+	return token, nil
+}
+
+func (c *Client) releaseOne(ctx context.Context, req *fencev1.ReleaseRequest) (uint64, error) {
 	ambiguous := false
 	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReleaseResponse], error) {
-		r, err := n.lease.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: scope, LeaseId: id.String()}))
+		r, err := n.lease.Release(ctx, connect.NewRequest(req))
 		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
 			ambiguous = true
 		}
@@ -332,9 +444,40 @@ func (c *Client) Release(ctx context.Context, scope string, id fence.LeaseID) (u
 			// lease is no longer ours, which is what release asks.
 			return 0, nil
 		}
-		return 0, fmt.Errorf("release %q: %w", scope, err)
+		return 0, err
 	}
 	return resp.Msg.Token, nil
+}
+
+func (c *Client) releaseMany(ctx context.Context, reqs []*fencev1.ReleaseRequest) ([]uint64, []error, error) {
+	ambiguous := false
+	breq := &fencev1.ReleaseBatchRequest{Releases: reqs}
+	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReleaseBatchResponse], error) {
+		r, err := n.lease.ReleaseBatch(ctx, connect.NewRequest(breq))
+		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
+			ambiguous = true
+		}
+		return r, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(resp.Msg.Results) != len(reqs) {
+		return nil, nil, fmt.Errorf("%w: %d releases answered with %d results", fence.ErrUnavailable, len(reqs), len(resp.Msg.Results))
+	}
+	out, errs := make([]uint64, len(reqs)), make([]error, len(reqs))
+	for i, r := range resp.Msg.Results {
+		if r.Failure == nil {
+			out[i] = r.Token
+			continue
+		}
+		// As for one release: after an attempt whose outcome is unknown,
+		// a lost lease may be the one that attempt released.
+		if err := wire.FromFailure(r.Failure); !ambiguous || !errors.Is(err, fence.ErrLeaseLost) {
+			errs[i] = err
+		}
+	}
+	return out, errs, nil
 }
 
 // ScopeState is what Get reports about a scope.

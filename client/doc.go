@@ -114,6 +114,21 @@
 // release retried after an attempt whose answer was cut off reports
 // success if the lease turns out to be no longer current.
 //
+// # Batching
+//
+// Concurrent calls on one Client share calls to the service: an Acquire
+// (or Grant) without [WithWait], a Renew or a Release that finds none of
+// its kind in flight goes out at once, alone; the ones made while it is in
+// flight wait for it and then leave together, up to 256 in one batch call
+// (AcquireBatch, RenewBatch, ReleaseBatch), which the service writes as one
+// log entry. There is no timer, so a lone caller waits for nothing; under
+// load each batch carries the calls made during the last one. Each caller
+// gets its own answer and its own error, the one the single call would
+// have given, and a batch is retried as a whole with the same request IDs,
+// so the retry rules above hold for every acquire in it. A waiting acquire
+// always goes alone: its wait would hold back the rest of a batch. A
+// service too old for the batch calls is called once per caller.
+//
 // # Several addresses
 //
 // A replicated fenced runs as a cluster of three or five nodes. Give New

@@ -1,0 +1,171 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// maxCoalesced bounds the calls one batch RPC carries, so that one answer
+// stays small and one slow batch holds back few callers.
+const maxCoalesced = 256
+
+// coalescer sends the concurrent calls of one kind made on a Client
+// together. A call that finds none in flight goes out at once, alone, as
+// the single RPC; the calls made while one is in flight queue and leave
+// together, as one batch RPC, when it returns. There is no timer: a lone
+// caller waits for nothing, and under load the batch grows with the time
+// one call takes. It is safe for concurrent use.
+type coalescer[In, Out any] struct {
+	// one makes the single call.
+	one func(ctx context.Context, in In) (Out, error)
+	// many makes one batch call: an answer or error per item, or an error
+	// for the call as a whole.
+	many func(ctx context.Context, ins []In) ([]Out, []error, error)
+	// alone, in Unix nanoseconds, is until when calls go alone: a service
+	// older than the batch call answered Unimplemented. It is asked again
+	// after a while, so a client outlives the service's upgrade.
+	alone atomic.Int64
+
+	mu      sync.Mutex
+	queue   []*pending[In, Out]
+	running bool
+}
+
+type pending[In, Out any] struct {
+	in   In
+	ctx  context.Context
+	out  Out
+	err  error
+	done chan struct{}
+}
+
+// do makes the call for in, alone or in the next batch.
+func (b *coalescer[In, Out]) do(ctx context.Context, in In) (Out, error) {
+	b.mu.Lock()
+	if !b.running {
+		b.running = true
+		b.mu.Unlock()
+		out, err := b.one(ctx, in)
+		b.next()
+		return out, err
+	}
+	p := &pending[In, Out]{in: in, ctx: ctx, done: make(chan struct{})}
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.out, p.err
+	case <-ctx.Done():
+		// Not sent yet, it never will be (send skips it); sent, its
+		// answer is dropped, as a single call's would be.
+		var zero Out
+		return zero, ctx.Err()
+	}
+}
+
+// next ends the call in flight: the calls that queued meanwhile leave now.
+func (b *coalescer[In, Out]) next() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.running = false
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	go b.run()
+}
+
+// run sends batches until the queue is empty.
+func (b *coalescer[In, Out]) run() {
+	for {
+		b.mu.Lock()
+		n := min(len(b.queue), maxCoalesced)
+		if n == 0 {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		batch := b.queue[:n:n]
+		b.queue = b.queue[n:]
+		b.mu.Unlock()
+		b.send(batch)
+	}
+}
+
+// send makes one call for the batch's callers still waiting. The call lasts
+// until the latest of their deadlines and is cancelled once every one of
+// them gave up.
+func (b *coalescer[In, Out]) send(batch []*pending[In, Out]) {
+	live := batch[:0:0]
+	for _, p := range batch {
+		if p.ctx.Err() != nil {
+			close(p.done) // its caller has returned already
+			continue
+		}
+		live = append(live, p)
+	}
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		p := live[0]
+		p.out, p.err = b.one(p.ctx, p.in)
+		close(p.done)
+		return
+	}
+	var latest time.Time
+	ins := make([]In, len(live))
+	for i, p := range live {
+		ins[i] = p.in
+		d, ok := p.ctx.Deadline()
+		if !ok {
+			d = time.Now().Add(time.Hour)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	defer cancel()
+	var waiting atomic.Int64
+	waiting.Store(int64(len(live)))
+	for _, p := range live {
+		stop := context.AfterFunc(p.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	var (
+		outs []Out
+		errs []error
+		err  error
+	)
+	if time.Now().UnixNano() >= b.alone.Load() {
+		outs, errs, err = b.many(ctx, ins)
+	}
+	if time.Now().UnixNano() < b.alone.Load() || connect.CodeOf(err) == connect.CodeUnimplemented {
+		if err != nil {
+			b.alone.Store(time.Now().Add(time.Minute).UnixNano())
+		}
+		outs, errs, err = make([]Out, len(live)), make([]error, len(live)), nil
+		var wg sync.WaitGroup
+		for i, p := range live {
+			wg.Go(func() { outs[i], errs[i] = b.one(p.ctx, p.in) })
+		}
+		wg.Wait()
+	}
+	for i, p := range live {
+		if err != nil {
+			p.err = err
+		} else {
+			p.out, p.err = outs[i], errs[i]
+		}
+		close(p.done)
+	}
+}
