@@ -17,7 +17,11 @@ import (
 // fenceSetup prepares fence's side of a workload: one client.Client (one
 // HTTP/2 connection) shared by the workers, as a program would. Every fence
 // system runs the same workload; they differ in fenced's flags
-// (fencedFlags) or, for fence-single, in the renew call.
+// (fencedFlags) or, for fence-single, in the renew call. The client
+// coalesces the workers' concurrent Acquire (without wait), Renew and
+// Release calls into batch calls, as it does for any program's
+// goroutines; etcd's workers likewise share one clientv3.Client, and
+// etcd appends the proposals that arrive together with one fsync.
 //
 //   - lock-cycle: Acquire (a durable grant, keep-alive started) and
 //     Release (durable) on the worker's own scope.
