@@ -45,11 +45,19 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("the log form is not stable: %s, then %s", enc, again.Encode())
 		}
 		// Applying it never panics and never finds it invalid: on a fresh
-		// state, and on one where its scope is held, with a waiter.
-		if r := New().Apply(c); r.Outcome == Invalid {
+		// state, and on one where its scope is held, with a waiter. A
+		// batch needs the log format that has batches.
+		fresh := func() *State {
+			s := New()
+			if c.Op == OpBatch {
+				s.Apply(Command{Op: OpSetFormat, Format: BatchFormat})
+			}
+			return s
+		}
+		if r := fresh().Apply(c); r.Outcome == Invalid {
 			t.Fatalf("Apply of a decoded command on a fresh state: invalid: %v", r.Err)
 		}
-		s := New()
+		s := fresh()
 		if c.Scope != "" {
 			s.Apply(acquire(c.Scope, 1, reqID("r")))
 			s.Apply(acquire(c.Scope, 2, wait))
