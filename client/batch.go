@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -121,30 +120,13 @@ func (b *renewer) run() {
 // send makes one call for batch. The call lasts until the latest of its
 // renewals' deadlines, and is cancelled once every one of them gave up.
 func (b *renewer) send(batch []*queuedRenewal) {
-	var latest time.Time
 	rs := make([]Renewal, len(batch))
+	ctxs := make([]context.Context, len(batch))
 	for i, q := range batch {
-		rs[i] = q.Renewal
-		d, ok := q.ctx.Deadline()
-		if !ok {
-			d = time.Now().Add(time.Hour)
-		}
-		if d.After(latest) {
-			latest = d
-		}
+		rs[i], ctxs[i] = q.Renewal, q.ctx
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), latest)
-	defer cancel()
-	var waiting atomic.Int64
-	waiting.Store(int64(len(batch)))
-	for _, q := range batch {
-		stop := context.AfterFunc(q.ctx, func() {
-			if waiting.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
-	}
+	ctx, stop := sharedContext(ctxs)
+	defer stop()
 	results, err := b.c.RenewBatch(ctx, rs)
 	for i, q := range batch {
 		if err != nil {

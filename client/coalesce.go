@@ -117,30 +117,13 @@ func (b *coalescer[In, Out]) send(batch []*pending[In, Out]) {
 		close(p.done)
 		return
 	}
-	var latest time.Time
 	ins := make([]In, len(live))
+	ctxs := make([]context.Context, len(live))
 	for i, p := range live {
-		ins[i] = p.in
-		d, ok := p.ctx.Deadline()
-		if !ok {
-			d = time.Now().Add(time.Hour)
-		}
-		if d.After(latest) {
-			latest = d
-		}
+		ins[i], ctxs[i] = p.in, p.ctx
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), latest)
-	defer cancel()
-	var waiting atomic.Int64
-	waiting.Store(int64(len(live)))
-	for _, p := range live {
-		stop := context.AfterFunc(p.ctx, func() {
-			if waiting.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
-	}
+	ctx, stop := sharedContext(ctxs)
+	defer stop()
 	var (
 		outs []Out
 		errs []error
@@ -167,5 +150,39 @@ func (b *coalescer[In, Out]) send(batch []*pending[In, Out]) {
 			p.out, p.err = outs[i], errs[i]
 		}
 		close(p.done)
+	}
+}
+
+// sharedContext returns the context of one call made for many callers: it
+// lasts until the latest of their deadlines (an hour for a caller without
+// one), and is cancelled once every one of them has given up. stop
+// releases it when the call has returned.
+func sharedContext(ctxs []context.Context) (ctx context.Context, stop func()) {
+	var latest time.Time
+	for _, c := range ctxs {
+		d, ok := c.Deadline()
+		if !ok {
+			d = time.Now().Add(time.Hour)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	var waiting atomic.Int64
+	waiting.Store(int64(len(ctxs)))
+	stops := make([]func() bool, len(ctxs))
+	for i, c := range ctxs {
+		stops[i] = context.AfterFunc(c, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, s := range stops {
+			s()
+		}
+		cancel()
 	}
 }
