@@ -70,7 +70,7 @@ func parse(args []string) (server.Config, error) {
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM certificate: serve the API over TLS only")
 	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&cfg.TLS.ClientCA, "tls-client-ca", "", "PEM CA: require client certificates it signed (mutual TLS); a certificate's common name is its identity")
-	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA that signs the other nodes' certificates (default: --tls-client-ca)")
+	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA that signs the nodes' certificates; only its certificates can be nodes (default: --tls-client-ca)")
 	fs.StringVar(&cfg.AuthFile, "auth-file", "", "JSON file of identities, bearer token hashes and rules; turns authorization on (default deny)")
 	fs.IntVar(&cfg.MaxLeasesPerIdentity, "max-leases-per-identity", 0, "most leases one authenticated identity (--auth-file) may hold at once (0: no limit)")
 	fs.IntVar(&cfg.MaxWaiters, "max-waiters", cfg.MaxWaiters, "most acquires that may wait in one scope's line; more are answered held (0: no limit)")

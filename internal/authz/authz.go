@@ -8,6 +8,8 @@ package authz
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -142,14 +144,23 @@ const identityHeader = "Fence-Identity"
 // call is for. Besides RPCs, which the Interceptor checks, only the paths
 // public reports true for are open to callers without the "status"
 // operation.
-func (a *Auth) Authenticate(next http.Handler, public func(path string) bool) http.Handler {
+//
+// A certificate whose common name is listed in Nodes is that node only if
+// it chains to clusterCA, the CA of the cluster's own nodes; any other
+// certificate naming a node gives no identity at all, so a client
+// certificate can never act as a node. A nil clusterCA makes no
+// certificate a node.
+func (a *Auth) Authenticate(next http.Handler, public func(path string) bool, clusterCA *x509.CertPool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var certID string
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			certID = r.TLS.PeerCertificates[0].Subject.CommonName
+			if slices.Contains(a.Nodes, certID) && !nodeCertificate(r.TLS, clusterCA) {
+				certID = ""
+			}
 		}
 		id := certID
-		if fwd := r.Header.Get(identityHeader); fwd != "" && slices.Contains(a.Nodes, certID) {
+		if fwd := r.Header.Get(identityHeader); fwd != "" && certID != "" && slices.Contains(a.Nodes, certID) {
 			id = fwd
 		} else if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			id = a.tokenIdentity(b)
@@ -165,6 +176,22 @@ func (a *Auth) Authenticate(next http.Handler, public func(path string) bool) ht
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// nodeCertificate reports whether the peer's certificate chains to the
+// cluster CA, for client authentication.
+func nodeCertificate(cs *tls.ConnectionState, clusterCA *x509.CertPool) bool {
+	if clusterCA == nil {
+		return false
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+		Roots: clusterCA, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	return err == nil
 }
 
 func httpDenied(id string) int {

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -12,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/fence-dev/fence/internal/testcerts"
 )
 
 func writeAuth(t *testing.T, body string) string {
@@ -47,14 +48,29 @@ func TestAuthenticate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Nodes' certificates come from the cluster CA, callers' from the
+	// client CA; "client:n1" is a client certificate naming a node.
+	clusterCA, clientCA := testcerts.NewCA(t, "cluster CA"), testcerts.NewCA(t, "client CA")
+	certs := map[string]*x509.Certificate{}
+	for _, c := range []struct {
+		name string
+		ca   *testcerts.CA
+		cn   string
+	}{{"n1", clusterCA, "n1"}, {"x", clientCA, "x"}, {"client:n1", clientCA, "n1"}} {
+		leaf, err := x509.ParseCertificate(c.ca.Issue(t, c.cn).Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs[c.name] = leaf
+	}
 	var got string
 	h := a.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = Identity(r.Context()) }),
-		func(p string) bool { return p == "/healthz" })
+		func(p string) bool { return p == "/healthz" }, clusterCA.Pool())
 	call := func(path, cert string, header map[string]string) (int, string) {
 		got = ""
 		r := httptest.NewRequest(http.MethodGet, path, nil)
 		if cert != "" {
-			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{{Subject: pkix.Name{CommonName: cert}}}}
+			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{certs[cert]}}
 		}
 		for k, v := range header {
 			r.Header.Set(k, v)
@@ -75,6 +91,8 @@ func TestAuthenticate(t *testing.T) {
 		{"forwarded by a node", "/fence.v1.LeaseService/Get", "n1", map[string]string{identityHeader: "svc"}, 200, "svc"},
 		{"forwarded by a stranger", "/fence.v1.LeaseService/Get", "x", map[string]string{identityHeader: "svc"}, 200, "x"},
 		{"certificate without the rule", "/metrics", "x", nil, 403, ""},
+		{"client certificate naming a node", "/fence.v1.LeaseService/Get", "client:n1", map[string]string{identityHeader: "svc"}, 200, ""},
+		{"client certificate naming a node, no header", "/metrics", "client:n1", nil, 401, ""},
 	} {
 		code, id := call(c.path, c.cert, c.header)
 		if code != c.code || (code == 200 && id != c.id) {

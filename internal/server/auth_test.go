@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -256,4 +257,99 @@ func firstFailure[R interface{ GetFailure() *fencev1.RenewFailure }](rs []R) *fe
 		return nil
 	}
 	return rs[0].GetFailure()
+}
+
+// TestClientCertificateIsNoNode calls ClusterService/RotateSigningKey over
+// mutual TLS with a client certificate whose common name is a node's,
+// vouching for another identity as a forwarding node would. With a cluster
+// CA of its own (--tls-ca) only that CA's certificates are nodes, so the
+// call has no identity at all; a node's certificate still forwards. With
+// one CA for both, every certificate it issues naming a node is that node,
+// and fenced warns at start.
+func TestClientCertificateIsNoNode(t *testing.T) {
+	for _, single := range []bool{false, true} {
+		t.Run(map[bool]string{false: "separate CAs", true: "one CA"}[single], func(t *testing.T) {
+			dir := t.TempDir()
+			clusterCA, clientCA := testcerts.NewCA(t, "cluster CA"), testcerts.NewCA(t, "client CA")
+			if single {
+				clientCA = clusterCA
+			}
+			srvCert, srvKey := testcerts.Write(t, dir, "n1", clusterCA.Issue(t, "n1"))
+			authFile := filepath.Join(dir, "auth.json")
+			os.WriteFile(authFile, []byte(`{"nodes": ["n1"], "rules": [{"identity": "admin", "prefix": "", "allow": ["cluster"]}]}`), 0o600)
+			var logs lockedLog
+			cfg := DefaultConfig()
+			cfg.DataDir, cfg.Listen = t.TempDir(), "127.0.0.1:0"
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: clientCA.WriteCA(t, dir, "client-ca")}
+			if !single {
+				cfg.TLS.CA = clusterCA.WriteCA(t, dir, "cluster-ca")
+			}
+			cfg.AuthFile = authFile
+			s, err := Start(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(context.Background())
+			for deadline := time.Now().Add(20 * time.Second); !s.Ready(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("not ready")
+				}
+			}
+			rotate := func(cert tls.Certificate, vouch string) error {
+				tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: clusterCA.Pool(), Certificates: []tls.Certificate{cert}}, Protocols: new(http.Protocols)}
+				tr.Protocols.SetHTTP2(true)
+				defer tr.CloseIdleConnections()
+				req := connect.NewRequest(&fencev1.RotateSigningKeyRequest{})
+				if vouch != "" {
+					req.Header().Set("Fence-Identity", vouch)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, err := fencev1connect.NewClusterServiceClient(&http.Client{Transport: tr}, "https://"+s.Addr()).RotateSigningKey(ctx, req)
+				return err
+			}
+			posing := clientCA.Issue(t, "n1")
+			for _, vouch := range []string{"anyone", "admin", ""} {
+				err := rotate(posing, vouch)
+				if single {
+					// One CA: this certificate is node n1, as documented.
+					if vouch == "anyone" && connect.CodeOf(err) != connect.CodePermissionDenied || vouch != "anyone" && err != nil {
+						t.Errorf("one CA, certificate naming n1, vouching for %q: %v", vouch, err)
+					}
+					continue
+				}
+				if connect.CodeOf(err) != connect.CodeUnauthenticated {
+					t.Errorf("client certificate naming n1, vouching for %q: %v; want %v", vouch, err, connect.CodeUnauthenticated)
+				}
+			}
+			if err := rotate(clusterCA.Issue(t, "n1"), "admin"); err != nil {
+				t.Errorf("node n1 forwarding for admin: %v", err)
+			}
+			if err := rotate(clientCA.Issue(t, "admin"), ""); err != nil {
+				t.Errorf("admin's own certificate: %v", err)
+			}
+			if warned := strings.Contains(logs.String(), "any certificate it issues naming a node is that node"); warned != single {
+				t.Errorf("warned of one CA: %v, want %v; log:\n%s", warned, single, logs.String())
+			}
+		})
+	}
+}
+
+// lockedLog is a log that many goroutines may write while a test reads it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

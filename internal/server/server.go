@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,7 +57,9 @@ type Server struct {
 
 	signer signer
 	auth   *authz.Auth // nil: no authentication
-	owners authz.Owners
+	// clusterCA is the CA of the nodes' certificates, for authenticate.
+	clusterCA *x509.CertPool
+	owners    authz.Owners
 
 	closeOnce sync.Once // Close may be called more than once
 	closeErr  error
@@ -82,6 +85,13 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.auth = a
+		if s.clusterCA, err = cfg.TLS.clusterCA(); err != nil {
+			return nil, err
+		}
+		if len(a.Nodes) > 0 && cfg.TLS.singleCA() {
+			s.log.Warn("one CA signs clients' and nodes' certificates: any certificate it issues naming a node is that node; give the nodes their own CA with --tls-ca",
+				"nodes", a.Nodes)
+		}
 	}
 	peerTransport, err := cfg.TLS.peerTransport()
 	if err != nil {
@@ -306,7 +316,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	if s.auth == nil {
 		return next
 	}
-	return s.auth.Authenticate(next, publicPath)
+	return s.auth.Authenticate(next, publicPath, s.clusterCA)
 }
 
 // publicPath is what anyone may fetch even with auth on: health checks and

@@ -8,14 +8,16 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"time"
 )
 
 // TLS is the API's transport security. With Cert and Key set the API is
-// served over TLS only; with ClientCA set too, every client must present a
+// served over TLS only; with ClientCA set too, a client may present a
 // certificate signed by that CA (mutual TLS), and its common name is its
-// identity for authorization. Nodes of a cluster use the same certificate
-// as clients of each other when they forward and join.
+// identity for authorization. Nodes of a cluster use their own certificate
+// as clients of each other when they forward and join; only a certificate
+// of CA (or, with no CA given, of ClientCA) can be a node.
 type TLS struct {
 	Cert, Key string // PEM files
 	ClientCA  string // PEM file of the CA that signs client certificates
@@ -43,8 +45,17 @@ func (t TLS) serverConfig() (*tls.Config, error) {
 		return nil, fmt.Errorf("load --tls-cert/--tls-key: %w", err)
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
-	if t.ClientCA != "" {
-		pool, err := loadPool(t.ClientCA)
+	// Nodes present certificates of the cluster CA when they forward and
+	// join, clients those of the client CA: accept both. Only the cluster
+	// CA's make a node (authz.Authenticate).
+	var cas []string
+	for _, ca := range []string{t.ClientCA, t.CA} {
+		if ca != "" && !slices.Contains(cas, ca) {
+			cas = append(cas, ca)
+		}
+	}
+	if len(cas) > 0 {
+		pool, err := loadPool(cas...)
 		if err != nil {
 			return nil, err
 		}
@@ -110,14 +121,34 @@ func (t TLS) scheme() string {
 	return "http"
 }
 
-func loadPool(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read CA: %w", err)
+// clusterCA is the pool a certificate must chain to for its holder to be
+// a node of the cluster: --tls-ca, or with a single CA, --tls-client-ca.
+// Nil without TLS or either CA.
+func (t TLS) clusterCA() (*x509.CertPool, error) {
+	ca := cmp.Or(t.CA, t.ClientCA)
+	if !t.enabled() || ca == "" {
+		return nil, nil
 	}
+	return loadPool(ca)
+}
+
+// singleCA reports whether one CA signs both clients' and nodes'
+// certificates, so that any certificate it issues naming a node is that
+// node.
+func (t TLS) singleCA() bool {
+	return t.enabled() && t.ClientCA != "" && (t.CA == "" || t.CA == t.ClientCA)
+}
+
+func loadPool(paths ...string) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read CA: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", path)
+		}
 	}
 	return pool, nil
 }
