@@ -366,9 +366,7 @@ func (s *State) restoreIdle(sb snapshotBody) error {
 		case sc.idleSeq() != 0:
 			return fmt.Errorf("idle scope %q appears twice", name)
 		}
-		s.idleSeq++
-		sc.grow().idle = s.idleSeq
-		s.idle.ReplaceOrInsert(idleScope{s.idleSeq, name})
+		s.queueIdle(name, sc)
 	}
 	free := 0
 	for _, sc := range s.scopes {

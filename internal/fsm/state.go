@@ -308,10 +308,15 @@ func (s *State) settle(name string) {
 		s.idle.Delete(idleScope{idle, name})
 		sc.more.idle = 0
 	case !busy && idle == 0:
-		s.idleSeq++
-		sc.grow().idle = s.idleSeq
-		s.idle.ReplaceOrInsert(idleScope{s.idleSeq, name})
+		s.queueIdle(name, sc)
 	}
+}
+
+// queueIdle puts the scope last in the line of idle records.
+func (s *State) queueIdle(name string, sc *scope) {
+	s.idleSeq++
+	sc.grow().idle = s.idleSeq
+	s.idle.ReplaceOrInsert(idleScope{s.idleSeq, name})
 }
 
 // droppable reports whether the scope's record may be dropped once idle
