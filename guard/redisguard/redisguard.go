@@ -271,7 +271,8 @@ func hashTag(key string) (string, bool) {
 // scope. A token of one scope must never write another scope's data, nor,
 // under any token, a mark.
 func (g *Guard) owns(scope, key string) error {
-	if tag, ok := hashTag(key); key == g.MarkKey(scope) || ok && key == g.MarkKey(tag) {
+	tag, tagged := hashTag(key)
+	if key == g.MarkKey(scope) || tagged && key == g.MarkKey(tag) {
 		return &fence.InvalidError{Field: "keys", Reason: fmt.Sprintf("%q is a fencing mark, which only the guard writes", key)}
 	}
 	if g.cfg.keyScope != nil {
@@ -281,15 +282,14 @@ func (g *Guard) owns(scope, key string) error {
 		}
 		return nil
 	}
-	allowed := fmt.Sprintf("a token of scope %q writes only keys tagged {%s}, such as %q (see Key)", scope, scope, Key(scope, "name"))
-	tag, ok := hashTag(key)
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: key %q has no hash tag; %s", guard.ErrWrongScope, key, allowed)
-	case tag != scope:
-		return fmt.Errorf("%w: key %q belongs to scope %q; %s", guard.ErrWrongScope, key, tag, allowed)
+	if tagged && tag == scope {
+		return nil
 	}
-	return nil
+	allowed := fmt.Sprintf("a token of scope %q writes only keys tagged {%s}, such as %q (see Key)", scope, scope, Key(scope, "name"))
+	if !tagged {
+		return fmt.Errorf("%w: key %q has no hash tag; %s", guard.ErrWrongScope, key, allowed)
+	}
+	return fmt.Errorf("%w: key %q belongs to scope %q; %s", guard.ErrWrongScope, key, tag, allowed)
 }
 
 // run validates w, runs a fenced script and decodes its reply.
