@@ -59,10 +59,8 @@ func (e *HaltError) Unwrap() error { return e.Err }
 // it otherwise than the replicas that understand it.
 func (m *machine) halt(l *raft.Log, err error) {
 	h := &HaltError{Index: l.Index, Err: err}
-	if m.cfg.Logger != nil {
-		m.cfg.Logger.Error("stopping: a log entry this build does not understand", "index", l.Index, "term", l.Term,
-			"err", err, "known_log_formats", fmt.Sprintf("1-%d", fsm.LogFormat))
-	}
+	m.cfg.Logger.Error("stopping: a log entry this build does not understand", "index", l.Index, "term", l.Term,
+		"err", err, "known_log_formats", fmt.Sprintf("1-%d", fsm.LogFormat))
 	panic(h)
 }
 
@@ -144,9 +142,9 @@ func (n *Node) raiseFormat(ctx context.Context) {
 		behind, err := n.membersBehind()
 		switch {
 		case err != nil:
-			n.logWarn("cannot raise the log format yet", "err", err)
+			n.cfg.Logger.Warn("cannot raise the log format yet", "err", err)
 		case behind != "":
-			n.logWarn("not raising the log format: a member runs an older build", "member", behind,
+			n.cfg.Logger.Warn("not raising the log format: a member runs an older build", "member", behind,
 				"log_format", n.Format(), "this_build", fsm.LogFormat)
 		default:
 			r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetFormat, Format: fsm.LogFormat})
@@ -154,12 +152,10 @@ func (n *Node) raiseFormat(ctx context.Context) {
 				err = r.Err
 			}
 			if err == nil {
-				if n.cfg.Logger != nil {
-					n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
-				}
+				n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
 				continue
 			}
-			n.logWarn("raising the log format", "err", err)
+			n.cfg.Logger.Warn("raising the log format", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -211,10 +207,4 @@ func (n *Node) knowsFormat(id, raftAddr string) error {
 			"node %q runs a build that knows log formats 1 to %d, and the cluster's is %d: upgrade it first", id, got, have)}
 	}
 	return nil
-}
-
-func (n *Node) logWarn(msg string, args ...any) {
-	if n.cfg.Logger != nil {
-		n.cfg.Logger.Warn(msg, args...)
-	}
 }
