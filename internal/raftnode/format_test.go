@@ -158,7 +158,10 @@ func TestProbeFormat(t *testing.T) {
 	// A lone node raised its format at once; an older build is refused
 	// as a voter, and counts as behind.
 	deadline := time.Now().Add(20 * time.Second)
-	for n.Format() != fsm.LogFormat && time.Now().Before(deadline) {
+	for n.Format() != fsm.LogFormat {
+		if time.Now().After(deadline) {
+			t.Fatalf("log format %d after 20s, want %d", n.Format(), fsm.LogFormat)
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
