@@ -475,11 +475,8 @@ func (w *waiters) remove(key string, ch chan fsm.Event) {
 		}
 	}
 	list := w.m[key]
-	for i, c := range list {
-		if c == ch {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
+	if i := slices.Index(list, ch); i >= 0 {
+		list = slices.Delete(list, i, i+1)
 	}
 	if len(list) == 0 {
 		delete(w.m, key)
