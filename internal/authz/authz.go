@@ -14,10 +14,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -155,7 +157,7 @@ func (a *Auth) Authenticate(next http.Handler, public func(path string) bool, cl
 		var certID string
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 			certID = r.TLS.PeerCertificates[0].Subject.CommonName
-			if slices.Contains(a.Nodes, certID) && !nodeCertificate(r.TLS, clusterCA) {
+			if slices.Contains(a.Nodes, certID) && !isNode(r, clusterCA) {
 				certID = ""
 			}
 		}
@@ -176,6 +178,33 @@ func (a *Auth) Authenticate(next http.Handler, public func(path string) bool, cl
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// nodeCheck is one connection's answer to whether its peer's certificate
+// is a node's: the certificate cannot change after the handshake, so the
+// chain is verified once per connection, not per request.
+type nodeCheck struct {
+	once sync.Once
+	node bool
+}
+
+type nodeCheckKey struct{}
+
+// ConnContext, as an http.Server's ConnContext, lets Authenticate verify a
+// connection's certificate once for all the requests it carries.
+func ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, nodeCheckKey{}, new(nodeCheck))
+}
+
+// isNode reports whether the request's peer certificate chains to the
+// cluster CA, remembered for the connection if ConnContext was set.
+func isNode(r *http.Request, clusterCA *x509.CertPool) bool {
+	nc, ok := r.Context().Value(nodeCheckKey{}).(*nodeCheck)
+	if !ok {
+		return nodeCertificate(r.TLS, clusterCA)
+	}
+	nc.once.Do(func() { nc.node = nodeCertificate(r.TLS, clusterCA) })
+	return nc.node
 }
 
 // nodeCertificate reports whether the peer's certificate chains to the

@@ -66,9 +66,14 @@ func TestAuthenticate(t *testing.T) {
 	var got string
 	h := a.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = Identity(r.Context()) }),
 		func(p string) bool { return p == "/healthz" }, clusterCA.Pool())
-	call := func(path, cert string, header map[string]string) (int, string) {
+	// With conn, each call is on a connection of its own that ConnContext
+	// set up, as the server's are; without, there is nothing to remember.
+	call := func(conn bool, path, cert string, header map[string]string) (int, string) {
 		got = ""
 		r := httptest.NewRequest(http.MethodGet, path, nil)
+		if conn {
+			r = r.WithContext(ConnContext(r.Context(), nil))
+		}
 		if cert != "" {
 			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{certs[cert]}}
 		}
@@ -94,9 +99,11 @@ func TestAuthenticate(t *testing.T) {
 		{"client certificate naming a node", "/fence.v1.LeaseService/Get", "client:n1", map[string]string{identityHeader: "svc"}, 200, ""},
 		{"client certificate naming a node, no header", "/metrics", "client:n1", nil, 401, ""},
 	} {
-		code, id := call(c.path, c.cert, c.header)
-		if code != c.code || (code == 200 && id != c.id) {
-			t.Errorf("%s: %d, identity %q; want %d, %q", c.name, code, id, c.code, c.id)
+		for _, conn := range []bool{false, true} {
+			code, id := call(conn, c.path, c.cert, c.header)
+			if code != c.code || (code == 200 && id != c.id) {
+				t.Errorf("%s (ConnContext %v): %d, identity %q; want %d, %q", c.name, conn, code, id, c.code, c.id)
+			}
 		}
 	}
 }

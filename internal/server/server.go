@@ -169,6 +169,7 @@ func Start(cfg Config) (*Server, error) {
 	s.routes(mux)
 	s.http = &http.Server{
 		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), s.authenticate(s.forward(mux))),
+		ConnContext:       authz.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
