@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,8 +11,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
+
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
 	"github.com/fence-dev/fence/internal/testcerts"
 )
 
@@ -104,6 +110,49 @@ func TestAuthenticate(t *testing.T) {
 			if code != c.code || (code == 200 && id != c.id) {
 				t.Errorf("%s (ConnContext %v): %d, identity %q; want %d, %q", c.name, conn, code, id, c.code, c.id)
 			}
+		}
+	}
+}
+
+// TestReportAuthorizesEachScope: a report is authorized rejection by
+// rejection, not by the scopes' common prefix; one scope outside the rules
+// refuses the whole report and is named; a report of a dropped count only
+// needs "report" on some scope.
+func TestReportAuthorizesEachScope(t *testing.T) {
+	a, err := Load(writeAuth(t, `{"rules": [
+		{"identity": "guard", "prefix": "orders/", "allow": ["report"]},
+		{"identity": "guard", "prefix": "billing/", "allow": ["report"]},
+		{"identity": "reader", "prefix": "", "allow": ["get"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(dropped uint64, scopes ...string) *fencev1.ReportRejectionsRequest {
+		m := &fencev1.ReportRejectionsRequest{Guard: "db", Dropped: dropped}
+		for _, s := range scopes {
+			m.Rejections = append(m.Rejections, &fencev1.Rejection{Scope: s, PresentedToken: 1, HighestToken: 2})
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name string
+		id   string
+		msg  *fencev1.ReportRejectionsRequest
+		says string // "" for allowed
+	}{
+		{"both prefixes", "guard", report(0, "orders/1", "billing/2", "orders/3"), ""},
+		{"one prefix", "guard", report(0, "orders/1"), ""},
+		{"one scope outside", "guard", report(0, "orders/1", "hr/7", "billing/2"), `"guard" may not report "hr/7"`},
+		{"dropped only, a reporter", "guard", report(5), ""},
+		{"dropped only, not a reporter", "reader", report(5), `"reader" may not report on any scope`},
+		{"a scope, not a reporter", "reader", report(0, "orders/1"), `"reader" may not report "orders/1"`},
+	} {
+		ctx := context.WithValue(context.Background(), identityKey{}, c.id)
+		err := authorizer{a}.check(ctx, fencev1connect.LeaseServiceReportRejectionsProcedure, c.msg)
+		switch {
+		case c.says == "" && err != nil:
+			t.Errorf("%s: %v; want allowed", c.name, err)
+		case c.says != "" && (connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), c.says)):
+			t.Errorf("%s: %v; want permission_denied, %s", c.name, err, c.says)
 		}
 	}
 }
