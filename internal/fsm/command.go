@@ -37,8 +37,9 @@ const (
 	// OpForgetNode records that node Node was removed: its address is
 	// dropped and its ID is refused from then on.
 	OpForgetNode Op = "forget_node"
-	// OpAddKey adds token-signing key KeyID with Seed, making it the one that
-	// signs; older keys keep verifying for TTL from At.
+	// OpAddKey adds token-signing key KeyID with Seed. It signs from
+	// ActivateAt (from log format 4 on; at once if 0), and older keys keep
+	// verifying for TTL from then.
 	OpAddKey Op = "add_key"
 	// OpSetFormat raises the cluster's log format to Format (see
 	// LogFormat). A node that does not know that format stops applying
@@ -62,11 +63,12 @@ const (
 //     few thousand, and a scope created again starts above every token of
 //     the dropped ones.
 //   - 3: OpBatch.
+//   - 4: OpAddKey's ActivateAt: a new key is published before it signs.
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 3
+const LogFormat = 4
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -90,6 +92,16 @@ const MaxBatch = 1000
 // BatchFormat is the first log format with OpBatch.
 const BatchFormat = 3
 
+// KeyScheduleFormat is the first log format whose OpAddKey may carry
+// ActivateAt. A build before it refuses the field (it decodes with unknown
+// fields disallowed) and stops, rather than sign with the new key at once
+// as it would if it ignored the field; so the leader writes it only once
+// the format is raised.
+const KeyScheduleFormat = 4
+
+// MaxKeyDelay bounds how long after At an OpAddKey's key may start to sign.
+const MaxKeyDelay = 366 * 24 * time.Hour
+
 // Expiry names a lease to expire: the scope and its token.
 type Expiry struct {
 	Scope string `json:"scope"`
@@ -111,6 +123,12 @@ type Command struct {
 	Node      string        `json:"node,omitempty"`
 	Addr      string        `json:"addr,omitempty"`
 	KeyID     string        `json:"key_id,omitempty"`
+	// ActivateAt is when an OpAddKey's key starts to sign, Unix
+	// nanoseconds by the proposer's clock; 0 signs at once. Until then the
+	// key is published, so guards fetch it before any token carries it.
+	// Each replica compares it with its own clock when it signs: the time
+	// is in the log, so a new leader keeps the schedule.
+	ActivateAt int64 `json:"activate_at,omitempty"`
 	// MaxWaiters bounds the line an acquire with Wait may join; 0 is no
 	// bound. The leader stamps its configured limit into each acquire, so
 	// every replica refuses the same ones.

@@ -50,6 +50,13 @@
 // one entry per command there, since a build that knew no batch would
 // stop at it.
 //
+// From format 4 on, an OpAddKey may carry ActivateAt: the new key is
+// published (SigningKeys) at once and signs from that time on (SignerAt),
+// so guards fetch it before the first token carries it. Below format 4 a
+// key that signs later is refused, and a new key signs from its entry on,
+// as before: a build that ignored the field would sign with it at once,
+// and builds before format 4 refuse unknown fields and stop.
+//
 // # Caveats
 //
 // The floor is shared: a scope created after a busy scope was dropped

@@ -189,7 +189,7 @@ func TestSnapshotGoldenV2(t *testing.T) {
 
 func TestRestoreRefusesBadFormat(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
-		{`{"scopes":[],"format":4}`, "log format 4"},
+		{fmt.Sprintf(`{"scopes":[],"format":%d}`, LogFormat+1), fmt.Sprintf("log format %d", LogFormat+1)},
 		{`{"scopes":[],"format":1}`, "format 1 is written as no format"},
 		{`{"scopes":[],"floor":5}`, "log format 1"},
 		{`{"scopes":[{"scope":"a","last":1}],"format":2}`, "1 free"},
@@ -204,7 +204,7 @@ func TestRestoreRefusesBadFormat(t *testing.T) {
 			t.Errorf("Restore(%s) = %v, want an error about %q", tc.body, err, tc.want)
 		}
 	}
-	if _, err := Restore(frame(`{"scopes":[],"format":4}`)); !errors.Is(err, ErrUnknownEntry) {
+	if _, err := Restore(frame(fmt.Sprintf(`{"scopes":[],"format":%d}`, LogFormat+1))); !errors.Is(err, ErrUnknownEntry) {
 		t.Errorf("a snapshot of a newer format: %v, want ErrUnknownEntry", err)
 	}
 }
@@ -214,7 +214,7 @@ func TestRestoreRefusesBadFormat(t *testing.T) {
 // refuses alike.
 func TestDecodeCommandUnknownEntry(t *testing.T) {
 	for _, in := range []string{
-		`{"op":"set_format","format":4}`,
+		fmt.Sprintf(`{"op":"set_format","format":%d}`, LogFormat+1),
 		`{"op":"acquire_shared","scope":"a"}`,
 		`{"op":"release","scope":"a","lease_id":"f0000000000000000000000000000001","fence_v3":true}`,
 		`{"op":"promote"} {"op":"promote"}`,

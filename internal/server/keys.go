@@ -44,7 +44,7 @@ func (s *Server) sign(t fence.Token) fence.Token {
 		return t
 	}
 	var cur fsm.SigningKey
-	s.node.Read(func(st *fsm.State) { cur, _ = st.CurrentKey() })
+	s.node.Read(func(st *fsm.State) { cur, _ = st.SignerAt(time.Now().UnixNano()) })
 	if cur.ID == "" {
 		return t
 	}
@@ -78,7 +78,7 @@ func (s *Server) ensureKey(ctx context.Context) error {
 		return nil
 	}
 	var have bool
-	s.node.Read(func(st *fsm.State) { _, have = st.CurrentKey() })
+	s.node.Read(func(st *fsm.State) { have = len(st.SigningKeys()) > 0 })
 	if have {
 		return nil
 	}
@@ -98,7 +98,7 @@ func (c cluster) RotateSigningKey(ctx context.Context, _ *connect.Request[fencev
 		return nil, wire.ToConnect(err)
 	}
 	var cur fsm.SigningKey
-	c.s.node.Read(func(st *fsm.State) { cur, _ = st.CurrentKey() })
+	c.s.node.Read(func(st *fsm.State) { cur, _ = st.SignerAt(time.Now().UnixNano()) })
 	return connect.NewResponse(&fencev1.RotateSigningKeyResponse{KeyId: cur.ID}), nil
 }
 
