@@ -76,6 +76,7 @@ func parse(args []string) (server.Config, error) {
 	fs.IntVar(&cfg.MaxWaiters, "max-waiters", cfg.MaxWaiters, "most acquires that may wait in one scope's line; more are answered held (0: no limit)")
 	fs.BoolVar(&cfg.SignTokens, "sign-tokens", cfg.SignTokens, "sign every token (Ed25519; public keys at GET /keys); false hands out unsigned tokens, which a guard cannot tell from forged ones")
 	fs.DurationVar(&cfg.KeyGrace, "key-grace", cfg.KeyGrace, "how long tokens signed by a rotated-out key keep verifying")
+	fs.DurationVar(&cfg.KeyPublishDelay, "key-publish-delay", cfg.KeyPublishDelay, "how long a rotated-in key is published at /keys before it signs; keep it above the guards' key refresh interval (0: it signs at once)")
 	format := fs.String("log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug (shows renewals), info, warn or error")
 	fs.Usage = func() {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/raftnode"
 )
 
@@ -54,6 +55,12 @@ type Config struct {
 	SignTokens bool
 	// KeyGrace is how long a rotated-out key keeps verifying.
 	KeyGrace time.Duration
+	// KeyPublishDelay is how long a rotated-in key is published at /keys
+	// before it signs, so that guards, which fetch the keys at most once
+	// per interval, know it before any token carries it. Keep it above
+	// the guards' refresh interval (signing.Refreshing; a minute in the
+	// docs) plus the clock skew between nodes. 0 signs at once.
+	KeyPublishDelay time.Duration
 	// MaxWaiters bounds each scope's line of waiting acquires (0: none).
 	MaxWaiters int
 	// MaxLeasesPerIdentity bounds the leases one authenticated identity
@@ -74,16 +81,17 @@ type Config struct {
 // DefaultConfig returns the configuration `fenced` starts with.
 func DefaultConfig() Config {
 	return Config{
-		NodeID:     "n1",
-		DataDir:    "./fenced-data",
-		Listen:     "127.0.0.1:7480",
-		DefaultTTL: 10 * time.Second,
-		MinTTL:     100 * time.Millisecond,
-		MaxTTL:     5 * time.Minute,
-		SignTokens: true,
-		MaxWaiters: 1000,
-		KeyGrace:   24 * time.Hour,
-		Logger:     slog.Default(),
+		NodeID:          "n1",
+		DataDir:         "./fenced-data",
+		Listen:          "127.0.0.1:7480",
+		DefaultTTL:      10 * time.Second,
+		MinTTL:          100 * time.Millisecond,
+		MaxTTL:          5 * time.Minute,
+		SignTokens:      true,
+		MaxWaiters:      1000,
+		KeyGrace:        24 * time.Hour,
+		KeyPublishDelay: 5 * time.Minute,
+		Logger:          slog.Default(),
 	}
 }
 
@@ -114,6 +122,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWaiters < 0 {
 		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)
+	}
+	if c.KeyPublishDelay < 0 || c.KeyPublishDelay > fsm.MaxKeyDelay {
+		return fmt.Errorf("key publish delay %v: want 0 (a new key signs at once) to %v", c.KeyPublishDelay, fsm.MaxKeyDelay)
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err
