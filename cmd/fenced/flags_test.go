@@ -27,6 +27,10 @@ func TestParseEnvAndFlags(t *testing.T) {
 	if cfg.DataDir != "d" {
 		t.Errorf("data dir = %q", cfg.DataDir)
 	}
+	// Limits are on by default.
+	if cfg.MaxLeasesPerIdentity <= 0 || cfg.MaxWaitersPerIdentity <= 0 {
+		t.Errorf("max leases per identity %d, max waiters per identity %d: want limits by default", cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
+	}
 }
 
 func TestParseRejectsBadInput(t *testing.T) {
@@ -42,6 +46,8 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"--raft-log", "lmdb"}, want: "want bolt or wal"},
 		{args: []string{"--raft-segment-size", "4096"}, want: "want 65536 (64 KiB) to"},
 		{args: []string{"extra"}, want: "unexpected argument"},
+		{args: []string{"--max-leases-per-identity", "-1"}, want: "max leases per identity -1 is negative"},
+		{args: []string{"--max-waiters-per-identity", "-5"}, want: "max waiters per identity -5 is negative"},
 		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
 	} {
 		if tc.env[0] != "" {

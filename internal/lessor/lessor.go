@@ -51,6 +51,10 @@ type Config struct {
 	// Queued, if set, is called when an acquire joins a line; the function
 	// it returns is called when the wait ends.
 	Queued func() (done func(granted bool))
+	// Admit, if set, is asked before an acquire is proposed (alone or in a
+	// batch): an error refuses it, a limit reached; the acquire is then
+	// not proposed. Done is called once the acquire is answered.
+	Admit func(c fsm.Command) (done func(), err error)
 }
 
 // Lessor is the leader's lease lifecycle on one node. Its methods are safe
@@ -264,6 +268,11 @@ func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
 // which case it withdraws from the line. The result's outcome is the
 // command's, or Granted after a wait.
 func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	done, err := l.admit(c)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	defer done()
 	var (
 		key  string
 		wait chan fsm.Event
@@ -339,6 +348,53 @@ func (l *Lessor) Renew(scope string, id fence.LeaseID) (r fsm.Result, ttl time.D
 // entry each, in order, so they apply as the batch would. An error means
 // the outcome of every command is unknown.
 func (l *Lessor) Batch(ctx context.Context, cs []fsm.Command) ([]fsm.Result, error) {
+	// An acquire Admit refuses is answered Invalid with Admit's error, and
+	// the others are proposed without it.
+	out := make([]fsm.Result, len(cs))
+	admitted := make([]fsm.Command, 0, len(cs))
+	at := make([]int, 0, len(cs)) // admitted[j] is cs[at[j]]
+	var dones []func()
+	defer func() {
+		for _, done := range dones {
+			done()
+		}
+	}()
+	for i, c := range cs {
+		if c.Op == fsm.OpAcquire {
+			done, err := l.admit(c)
+			if err != nil {
+				out[i] = fsm.Result{Outcome: fsm.Invalid, Scope: c.Scope, Err: err}
+				continue
+			}
+			dones = append(dones, done)
+		}
+		admitted = append(admitted, c)
+		at = append(at, i)
+	}
+	rs, err := l.propose(ctx, admitted)
+	if err != nil {
+		return nil, err
+	}
+	for j, r := range rs {
+		out[at[j]] = r
+	}
+	return out, nil
+}
+
+// admit asks Config.Admit about an acquire.
+func (l *Lessor) admit(c fsm.Command) (done func(), err error) {
+	if l.cfg.Admit == nil {
+		return func() {}, nil
+	}
+	return l.cfg.Admit(c)
+}
+
+// propose applies a batch's commands, as one log entry if the format
+// allows.
+func (l *Lessor) propose(ctx context.Context, cs []fsm.Command) ([]fsm.Result, error) {
+	if len(cs) == 0 {
+		return nil, nil
+	}
 	format := 0
 	l.node.Read(func(st *fsm.State) { format = st.Format() })
 	if len(cs) > 1 && format >= fsm.BatchFormat {

@@ -64,8 +64,11 @@ type Config struct {
 	// MaxWaiters bounds each scope's line of waiting acquires (0: none).
 	MaxWaiters int
 	// MaxLeasesPerIdentity bounds the leases one authenticated identity
-	// holds at once (0: none; without auth there are no identities).
+	// holds at once, or with auth off one holder name (0: none).
 	MaxLeasesPerIdentity int
+	// MaxWaitersPerIdentity bounds the acquires with wait one identity, or
+	// with auth off one holder name, has under way at once (0: none).
+	MaxWaitersPerIdentity int
 	// WriteTimeout cuts off a client that stops reading its answers: a
 	// write of an answer that waits this long resets the stream (0: 30s).
 	WriteTimeout time.Duration
@@ -81,17 +84,22 @@ type Config struct {
 // DefaultConfig returns the configuration `fenced` starts with.
 func DefaultConfig() Config {
 	return Config{
-		NodeID:          "n1",
-		DataDir:         "./fenced-data",
-		Listen:          "127.0.0.1:7480",
-		DefaultTTL:      10 * time.Second,
-		MinTTL:          100 * time.Millisecond,
-		MaxTTL:          5 * time.Minute,
-		SignTokens:      true,
-		MaxWaiters:      1000,
-		KeyGrace:        24 * time.Hour,
-		KeyPublishDelay: 5 * time.Minute,
-		Logger:          slog.Default(),
+		NodeID:     "n1",
+		DataDir:    "./fenced-data",
+		Listen:     "127.0.0.1:7480",
+		DefaultTTL: 10 * time.Second,
+		MinTTL:     100 * time.Millisecond,
+		MaxTTL:     5 * time.Minute,
+		SignTokens: true,
+		MaxWaiters: 1000,
+		// About 50 MB of state, and 1000 streams waiting: one leaking client
+		// cannot exhaust the memory of a node, a worker pool can still wait
+		// on many scopes at once.
+		MaxLeasesPerIdentity:  100_000,
+		MaxWaitersPerIdentity: 1000,
+		KeyGrace:              24 * time.Hour,
+		KeyPublishDelay:       5 * time.Minute,
+		Logger:                slog.Default(),
 	}
 }
 
@@ -125,6 +133,12 @@ func (c Config) Validate() error {
 	}
 	if c.KeyPublishDelay < 0 || c.KeyPublishDelay > fsm.MaxKeyDelay {
 		return fmt.Errorf("key publish delay %v: want 0 (a new key signs at once) to %v", c.KeyPublishDelay, fsm.MaxKeyDelay)
+	}
+	if c.MaxLeasesPerIdentity < 0 {
+		return fmt.Errorf("max leases per identity %d is negative; want 0 (no limit) or more", c.MaxLeasesPerIdentity)
+	}
+	if c.MaxWaitersPerIdentity < 0 {
+		return fmt.Errorf("max waiters per identity %d is negative; want 0 (no limit) or more", c.MaxWaitersPerIdentity)
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err

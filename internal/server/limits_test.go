@@ -191,3 +191,124 @@ func TestMaxLeasesPerIdentity(t *testing.T) {
 		t.Fatalf("after a restart, alice's third lease: %v; want resource_exhausted", err)
 	}
 }
+
+// TestMaxLeasesPerHolder: with auth off the lease limit counts by holder
+// name: a holder's third lease is refused, alone or in a batch, another
+// holder is not affected, and a release makes room.
+func TestMaxLeasesPerHolder(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.MaxLeasesPerIdentity = 2 })
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx := context.Background()
+	acquire := func(scope, holder string) (*fencev1.Lease, error) {
+		r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: holder}))
+		if err != nil {
+			return nil, err
+		}
+		return r.Msg.Lease, nil
+	}
+	first, err := acquire("a/1", "leaky")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire("a/2", "leaky"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = acquire("a/3", "leaky")
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), `holder "leaky" holds 2 leases`) {
+		t.Fatalf("leaky's third lease: %v; want resource_exhausted, holder \"leaky\" holds 2 leases", err)
+	}
+	// A batch of three for a fresh holder: two granted, the third refused.
+	var batch []*fencev1.AcquireRequest
+	for i := range 3 {
+		batch = append(batch, &fencev1.AcquireRequest{Scope: fmt.Sprint("b/", i), Holder: "batcher"})
+	}
+	br, err := rpc.AcquireBatch(ctx, connect.NewRequest(&fencev1.AcquireBatchRequest{Acquires: batch}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var granted int
+	for _, r := range br.Msg.Results {
+		if r.Lease != nil {
+			granted++
+		} else if !strings.Contains(r.Failure.GetMessage(), `holder "batcher" holds 2 leases`) {
+			t.Errorf("batch item refused with %v; want holder \"batcher\" holds 2 leases", r.Failure)
+		}
+	}
+	if granted != 2 {
+		t.Errorf("a batch of 3 for one holder with a limit of 2: %d granted", granted)
+	}
+	if _, err := acquire("c/1", "other"); err != nil {
+		t.Fatalf("another holder is not limited by leaky's leases: %v", err)
+	}
+	if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "a/1", LeaseId: first.LeaseId})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquire("a/3", "leaky"); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}
+
+// TestMaxWaitersPerIdentity: with a limit of 2 (auth off: per holder), a
+// holder's third acquire that may wait is refused while two wait, in other
+// scopes' lines too; another holder may still wait.
+func TestMaxWaitersPerIdentity(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.MaxWaitersPerIdentity = 2 })
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, scope := range []string{"a", "b", "c", "d"} {
+		if _, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: "owner"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	for _, scope := range []string{"a", "b"} {
+		go rpc.Acquire(waitCtx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: "greedy", Wait: true}))
+	}
+	for _, scope := range []string{"a", "b"} {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			g, err := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: scope}))
+			if err == nil && g.Msg.Waiters == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("greedy never queued for %s: %v %v", scope, g, err)
+			}
+		}
+	}
+	_, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "c", Holder: "greedy", Wait: true}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), `holder "greedy" has 2 acquires waiting`) {
+		t.Fatalf("greedy's third waiting acquire: %v; want resource_exhausted, holder \"greedy\" has 2 acquires waiting", err)
+	}
+	if g, _ := rpc.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: "c"})); g.Msg.Waiters != 0 {
+		t.Fatalf("%d waiters in c after the refusal, want 0", g.Msg.Waiters)
+	}
+	// Another holder may wait; its wait ends with its context.
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if _, err := rpc.Acquire(short, connect.NewRequest(&fencev1.AcquireRequest{Scope: "d", Holder: "patient", Wait: true})); connect.CodeOf(err) == connect.CodeResourceExhausted {
+		t.Fatalf("another holder's wait: %v; want it to wait, not be refused", err)
+	}
+}
+
+// TestAuthWithoutTLSWarns: --auth-file over plain HTTP logs one warning
+// that bearer tokens travel in clear text.
+func TestAuthWithoutTLSWarns(t *testing.T) {
+	authFile := filepath.Join(t.TempDir(), "auth.json")
+	os.WriteFile(authFile, []byte(`{"rules": []}`), 0o600)
+	var logs lockedLog
+	startWith(t, func(c *Config) {
+		c.AuthFile = authFile
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	var warns []string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "clear text") {
+			warns = append(warns, line)
+		}
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], "--tls-cert") {
+		t.Fatalf("warnings about bearer tokens in clear text: %q; want one, naming --tls-cert", warns)
+	}
+}

@@ -88,6 +88,9 @@ func Start(cfg Config) (*Server, error) {
 		if s.clusterCA, err = cfg.TLS.clusterCA(); err != nil {
 			return nil, err
 		}
+		if !cfg.TLS.enabled() {
+			s.log.Warn("--auth-file without TLS: bearer tokens travel in clear text, and anyone who sees one can act as its identity; give --tls-cert and --tls-key")
+		}
 		if len(a.Nodes) > 0 && cfg.TLS.singleCA() {
 			s.log.Warn("one CA signs clients' and nodes' certificates: any certificate it issues naming a node is that node; give the nodes their own CA with --tls-ca",
 				"nodes", a.Nodes)
@@ -100,7 +103,10 @@ func Start(cfg Config) (*Server, error) {
 	s.peers = &http.Client{Transport: peerTransport}
 	s.proxy = s.newProxy(peerTransport)
 	s.metrics = newMetrics(s)
-	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued})
+	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued,
+		Admit: func(c fsm.Command) (func(), error) {
+			return s.owners.Admit(c, cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
+		}})
 	s.events = eventlog.NewRing(eventlog.RingSize)
 	s.rejected = eventlog.NewRejections()
 	ln, err := net.Listen("tcp", cfg.Listen)

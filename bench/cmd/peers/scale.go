@@ -121,8 +121,10 @@ func scaleMain(args []string) error {
 // and snapshot soon after the filling ends: the 2,000 acquires after it
 // pass the threshold, so a snapshot comes that covers every grant. (With
 // the default threshold of 8,192 it came only if the last one taken while
-// filling happened to be far enough back.)
-var scaleFlags = []string{"--max-ttl", "24h", "--snapshot-interval", "5s", "--snapshot-threshold", "1024"}
+// filling happened to be far enough back.) One holder takes them all: a
+// million leases of one holder is what --max-leases-per-identity
+// (100,000 by default, per holder with auth off) is there to refuse.
+var scaleFlags = []string{"--max-ttl", "24h", "--snapshot-interval", "5s", "--snapshot-threshold", "1024", "--max-leases-per-identity", "0"}
 
 // filled is a fenced of its own, in a fresh directory, holding n leases
 // that one client granted, 64 at a time.
