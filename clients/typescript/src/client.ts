@@ -1,0 +1,525 @@
+// The client of fenced, over Connect's JSON protocol: POST
+// /fence.v1.LeaseService/<Method> with a JSON body, with nothing but fetch.
+// The API is small enough that hand-written request and response shapes
+// cost less than generated code and a Connect runtime as dependencies.
+
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+import { basename } from "node:path";
+
+import { FenceError, HeldError, InvalidError, LostError, NotHolderError, UnavailableError } from "./errors.js";
+
+const SERVICE = "fence.v1.LeaseService";
+
+/** ClientOptions configure a Client. */
+export interface ClientOptions {
+  /** The holder name sent with acquires (default: program-pid@host). At most 128 bytes. */
+  holder?: string;
+  /** A bearer token for a fenced that runs with --auth-file. */
+  bearer?: string;
+  /**
+   * How long one call keeps retrying while the service is unreachable or has
+   * no leader, in milliseconds (default 10,000). 0 makes a single attempt.
+   */
+  retryTimeoutMs?: number;
+}
+
+/** AcquireOptions configure one acquire. */
+export interface AcquireOptions {
+  /** Who holds the lease, for people; overrides the client's holder. */
+  holder?: string;
+  /** The lease's time to live in milliseconds (default 10,000; fenced allows 100 to its --max-ttl). */
+  ttl?: number;
+  /**
+   * Queue behind the current holder instead of failing with a HeldError.
+   * Give the wait an end with signal (AbortSignal.timeout(ms)).
+   */
+  wait?: boolean;
+  /** Ends the acquire (and a wait in line) when aborted. */
+  signal?: AbortSignal;
+  /**
+   * Makes a retried acquire return the grant of an earlier attempt, even
+   * one made by another call or process, instead of a second token. At most
+   * 64 bytes. By default each acquire makes a fresh one, which its own
+   * retries share.
+   */
+  requestId?: string;
+  /**
+   * How much earlier than its TTL the lease gives up its authority, to
+   * cover clock-rate differences between this process and fenced, in
+   * milliseconds (default: a twentieth of the TTL, at least 5).
+   */
+  driftMarginMs?: number;
+}
+
+/** LeaseInfo is a lease as fenced answers it. */
+interface LeaseInfo {
+  scope: string;
+  token: bigint;
+  tokenText: string;
+  leaseId: string;
+  holder: string;
+  ttlMs: number;
+}
+
+/**
+ * Client talks to one fenced (one API address: a node of a cluster forwards
+ * to the leader). It is safe to share; make one per service.
+ */
+export class Client {
+  readonly #base: string;
+  readonly #holder: string;
+  readonly #headers: Record<string, string>;
+  readonly #retryTimeoutMs: number;
+  readonly #leases = new Set<Lease>();
+  #closed = false;
+
+  /** baseUrl is fenced's API address, such as "http://127.0.0.1:7480". */
+  constructor(baseUrl: string, opts: ClientOptions = {}) {
+    const u = new URL(baseUrl); // throws on a malformed address
+    this.#base = u.href.replace(/\/+$/, "");
+    this.#holder = opts.holder ?? `${basename(process.argv[1] ?? "node")}-${process.pid}@${hostname()}`.slice(0, 128);
+    this.#headers = {
+      "content-type": "application/json",
+      "connect-protocol-version": "1",
+      ...(opts.bearer === undefined ? {} : { authorization: `Bearer ${opts.bearer}` }),
+    };
+    this.#retryTimeoutMs = opts.retryTimeoutMs ?? 10_000;
+  }
+
+  /**
+   * acquire acquires a lease on scope and keeps it alive in the background
+   * until it is released or lost (see Lease). A held scope throws a
+   * HeldError unless wait is given. Transient failures are retried with the
+   * same request ID, so one acquire never takes two tokens.
+   */
+  async acquire(scope: string, opts: AcquireOptions = {}): Promise<Lease> {
+    if (this.#closed) {
+      throw new FenceError(`acquire "${scope}": the client is closed`);
+    }
+    const ttl = opts.ttl ?? 10_000;
+    if (!Number.isFinite(ttl) || ttl <= 0) {
+      throw new InvalidError("ttl", `acquire "${scope}": ttl ${ttl} is not a positive number of milliseconds`);
+    }
+    const req = {
+      scope,
+      holder: opts.holder ?? this.#holder,
+      ttl: durationText(ttl),
+      wait: opts.wait ?? false,
+      requestId: opts.requestId ?? randomUUID().replaceAll("-", ""),
+    };
+    const { body, sent: first, retried } = await this.#call("acquire", scope, "Acquire", req, opts.signal);
+    const info = leaseInfo(body);
+    let sent = first;
+    // The local validity counts from the send time, which precedes the
+    // service's deadline: the service starts it when it grants, after the
+    // request was sent. Not so a grant that an earlier attempt obtained,
+    // whose deadline started before this send: a retry, or an earlier call
+    // with the request ID the caller chose. Then one renewal gives the
+    // validity a send time of its own. So does a wait in line longer than a
+    // third of the TTL, so that a lease starts with at least the validity a
+    // keep-alive leaves it.
+    if (retried || opts.requestId !== undefined || performance.now() - sent > info.ttlMs / 3) {
+      sent = performance.now();
+      try {
+        await this.#call("acquire", scope, "Renew", { scope, leaseId: info.leaseId }, opts.signal);
+      } catch (err) {
+        await this.#releaseQuietly(info);
+        throw err;
+      }
+    }
+    const margin = opts.driftMarginMs ?? Math.max(info.ttlMs / 20, 5);
+    const lease = new Lease(info, sent, margin, {
+      renew: (signal) => this.#call("renew", scope, "Renew", { scope, leaseId: info.leaseId }, signal, 0).then(() => undefined),
+      release: () => this.#release(info),
+      forget: (l) => this.#leases.delete(l),
+    });
+    if (this.#closed) {
+      // close() overtook this acquire: it must not outlive the client.
+      lease.markLost("the client was closed");
+      await this.#releaseQuietly(info);
+      throw new FenceError(`acquire "${scope}": the client is closed`);
+    }
+    this.#leases.add(lease);
+    return lease;
+  }
+
+  /**
+   * close ends every lease the client keeps alive (their lost signals fire)
+   * and releases them, best effort. Later acquires fail.
+   */
+  async close(): Promise<void> {
+    this.#closed = true;
+    const held = [...this.#leases];
+    await Promise.allSettled(held.map((l) => l.release()));
+  }
+
+  async #release(info: LeaseInfo): Promise<bigint> {
+    const { body } = await this.#call("release", info.scope, "Release", { scope: info.scope, leaseId: info.leaseId }, undefined, undefined, true);
+    return BigInt(body?.token ?? "0");
+  }
+
+  async #releaseQuietly(info: LeaseInfo): Promise<void> {
+    // Best effort: the lease would expire on its TTL anyway.
+    await this.#release(info).catch(() => undefined);
+  }
+
+  /**
+   * #call makes one API call, retrying while the service is unavailable,
+   * for at most retryTimeoutMs. It returns the answer, the send time of the
+   * attempt that succeeded (performance.now()), and whether earlier attempts
+   * were made. A release whose earlier attempt may have been applied takes
+   * a "lost" answer as done.
+   */
+  async #call(
+    op: string,
+    scope: string,
+    method: string,
+    req: unknown,
+    signal?: AbortSignal,
+    retryTimeoutMs = this.#retryTimeoutMs,
+    releasing = false,
+  ): Promise<{ body: any; sent: number; retried: boolean }> {
+    const give = performance.now() + retryTimeoutMs;
+    let backoff = 20;
+    // Bounded by retryTimeoutMs: each attempt is followed by a sleep of at
+    // least 1ms, and the loop gives up once the budget would be passed.
+    for (let attempt = 0; ; attempt++) {
+      const sent = performance.now();
+      try {
+        const body = await this.#post(method, req, signal);
+        return { body, sent, retried: attempt > 0 };
+      } catch (err) {
+        if (releasing && attempt > 0 && (err instanceof LostError || err instanceof NotHolderError)) {
+          // An earlier attempt may have released it: either way the lease
+          // is no longer ours, which is what release asks.
+          return { body: {}, sent, retried: true };
+        }
+        const sleep = Math.random() * backoff + 1;
+        if (!(err instanceof UnavailableError) || signal?.aborted || performance.now() + sleep > give) {
+          throw wrap(op, scope, err);
+        }
+        await delay(sleep, signal);
+        backoff = Math.min(2 * backoff, 1000);
+      }
+    }
+  }
+
+  /** #post sends one Connect unary call and decodes its answer or error. */
+  async #post(method: string, req: unknown, signal?: AbortSignal): Promise<any> {
+    const url = `${this.#base}/${SERVICE}/${method}`;
+    let res: Response;
+    try {
+      res = await fetch(url, { method: "POST", headers: this.#headers, body: JSON.stringify(req), signal });
+    } catch (err) {
+      if (signal?.aborted) {
+        throw signal.reason;
+      }
+      throw new UnavailableError(`${url}: ${causeText(err)}`, { cause: err });
+    }
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (err) {
+      if (signal?.aborted) {
+        throw signal.reason;
+      }
+      throw new UnavailableError(`${url}: answer cut off: ${causeText(err)}`, { cause: err });
+    }
+    let body: any;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = undefined;
+    }
+    if (res.ok && body !== undefined) {
+      return body;
+    }
+    if (body === undefined || typeof body.code !== "string") {
+      // Not fenced's answer: a proxy, or a node going down.
+      const msg = `${url}: ${res.status} ${res.statusText}: ${text.slice(0, 200)}`;
+      throw res.status >= 502 && res.status <= 504 ? new UnavailableError(msg) : new FenceError(msg);
+    }
+    throw fromConnect(body, signal);
+  }
+}
+
+/**
+ * fromConnect turns a Connect error body into this package's errors, as
+ * Go's wire.FromConnect does. fenced (connect-go) sends each detail's
+ * fields in JSON under "debug", beside the protobuf bytes.
+ */
+function fromConnect(body: { code: string; message?: string; details?: { type?: string; debug?: any }[] }, signal?: AbortSignal): FenceError {
+  const msg = body.message ?? body.code;
+  let conflict: any;
+  let violation: any;
+  for (const d of body.details ?? []) {
+    if (d.type === "fence.v1.LeaseConflict") conflict = d.debug ?? {};
+    if (d.type === "fence.v1.FieldViolation") violation = d.debug ?? {};
+  }
+  switch (body.code) {
+    case "invalid_argument":
+      return new InvalidError(violation?.field ?? "", msg);
+    case "aborted":
+      return new HeldError(msg, {
+        scope: conflict?.scope ?? "",
+        holder: conflict?.holder ?? "",
+        token: BigInt(conflict?.token ?? "0"),
+        expiresInMs: parseDuration(conflict?.expiresIn),
+      });
+    case "failed_precondition":
+      return new LostError(msg, {
+        scope: conflict?.scope ?? "",
+        token: BigInt(conflict?.lostToken ?? "0"),
+        current: BigInt(conflict?.token ?? "0"),
+        reason: conflict?.reason || "no longer the current lease",
+        code: body.code,
+      });
+    case "not_found":
+      return new NotHolderError(msg, { code: body.code });
+    case "unavailable":
+      return new UnavailableError(msg, { code: body.code });
+    case "canceled":
+    case "unknown":
+      // connect-go calls a reset stream "canceled" and an answer cut off by
+      // a crash "unknown"; while our own signal is alive, that is the
+      // service going away.
+      if (!signal?.aborted) return new UnavailableError(msg, { code: body.code });
+  }
+  return new FenceError(msg, { code: body.code });
+}
+
+/** wrap names the operation and scope in err's message, keeping its class and fields. */
+function wrap(op: string, scope: string, err: unknown): unknown {
+  if (err instanceof FenceError && !err.message.startsWith(`${op} "`)) {
+    err.message = `${op} "${scope}": ${err.message}`;
+  }
+  return err;
+}
+
+function leaseInfo(body: any): LeaseInfo {
+  const l = body?.lease;
+  if (l === undefined || typeof l.leaseId !== "string" || l.token === undefined) {
+    throw new FenceError(`fenced answered no lease: ${JSON.stringify(body).slice(0, 200)}`);
+  }
+  return {
+    scope: l.scope,
+    token: BigInt(l.token), // a decimal string in JSON: exact beyond 2^53
+    tokenText: l.tokenText ?? `fence:v1:${l.scope}:${l.token}`,
+    leaseId: l.leaseId,
+    holder: l.holder ?? "",
+    ttlMs: parseDuration(l.ttl),
+  };
+}
+
+/** durationText writes milliseconds as a protobuf JSON duration ("0.5s"). */
+function durationText(ms: number): string {
+  return `${(ms / 1000).toFixed(3).replace(/\.?0+$/, "")}s`;
+}
+
+/** parseDuration reads a protobuf JSON duration ("1.999893167s") as milliseconds. */
+function parseDuration(d: unknown): number {
+  if (typeof d !== "string" || !d.endsWith("s")) return 0;
+  const s = Number(d.slice(0, -1));
+  return Number.isFinite(s) ? s * 1000 : 0;
+}
+
+function causeText(err: unknown): string {
+  const e = err as Error & { cause?: Error };
+  return e.cause?.message ? `${e.message}: ${e.cause.message}` : String(e?.message ?? err);
+}
+
+/** delay resolves after ms, or at once when signal aborts. */
+function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = () => {
+      clearTimeout(t);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const t = setTimeout(done, Math.max(ms, 0));
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+interface LeaseHooks {
+  renew(signal: AbortSignal): Promise<void>;
+  release(): Promise<bigint>;
+  forget(l: Lease): void;
+}
+
+/**
+ * Lease is a held lease that keeps itself alive: it renews in the background
+ * at about a third of its TTL and reports itself lost, aborting its `lost`
+ * signal, as soon as it can no longer be sure it holds the scope:
+ *   - fenced answers that it is not the current lease;
+ *   - its local validity runs out: the send time of its last confirmed
+ *     renewal (at first, of its acquire) plus the TTL, minus the drift
+ *     margin, on this process's monotonic clock (performance.now()), passes
+ *     without a newer confirmation;
+ *   - its holder calls markLost, for example after a guard refused its
+ *     token as stale;
+ *   - it is released, or its Client is closed.
+ * A lost lease stays lost; acquire a new one, with a greater token.
+ */
+export class Lease {
+  readonly scope: string;
+  /** The fencing token, exact: compare it as bigint, never as number. */
+  readonly token: bigint;
+  /** The token's text form, to send in the Fencing-Token header. */
+  readonly tokenText: string;
+  /** The lease ID, which renews and releases the lease: keep it to the holder. */
+  readonly leaseId: string;
+  readonly holder: string;
+  /** The TTL fenced granted, in milliseconds. */
+  readonly ttlMs: number;
+
+  readonly #margin: number;
+  readonly #hooks: LeaseHooks;
+  readonly #ac = new AbortController();
+  #validUntil: number;
+  #keeper: Promise<void>;
+  #wake: (() => void) | undefined;
+
+  /** @internal Leases come from Client.acquire. */
+  constructor(info: LeaseInfo, sent: number, margin: number, hooks: LeaseHooks) {
+    this.scope = info.scope;
+    this.token = info.token;
+    this.tokenText = info.tokenText;
+    this.leaseId = info.leaseId;
+    this.holder = info.holder;
+    this.ttlMs = info.ttlMs;
+    this.#margin = margin;
+    this.#hooks = hooks;
+    this.#validUntil = sent + info.ttlMs - margin;
+    this.#keeper = this.#keepAlive(sent);
+  }
+
+  /**
+   * lost is aborted, with a LostError as its reason, when the lease is lost
+   * or released. Reading it also checks the local validity against the
+   * clock, so that a holder whose event loop was blocked past its validity
+   * finds it aborted at once, before any timer had the chance to run.
+   */
+  get lost(): AbortSignal {
+    this.#checkClock();
+    return this.#ac.signal;
+  }
+
+  /** error is undefined while the lease is held, then why it ended. */
+  get error(): LostError | undefined {
+    this.#checkClock();
+    return this.#ac.signal.aborted ? (this.#ac.signal.reason as LostError) : undefined;
+  }
+
+  /**
+   * validUntil is the local deadline of the lease's authority on the
+   * performance.now() clock: later than performance.now() while it is valid.
+   */
+  get validUntil(): number {
+    return this.#validUntil;
+  }
+
+  /** throwIfLost throws the LostError if the lease is lost or released. */
+  throwIfLost(): void {
+    this.lost.throwIfAborted();
+  }
+
+  /**
+   * markLost ends the lease's authority locally: call it when a guard
+   * refuses the lease's token as stale. The lease stops renewing; it is not
+   * released, as a newer holder may already own the scope. Retrying the
+   * refused write with this token can never succeed.
+   */
+  markLost(reason: unknown): void {
+    this.#lose(`marked lost by its holder: ${reason instanceof Error ? reason.message : String(reason)}`);
+  }
+
+  /**
+   * release stops renewing and frees the scope at fenced. Releasing a lease
+   * that is already lost only stops it, and rejects with why it was lost.
+   */
+  async release(): Promise<void> {
+    const err = this.error;
+    if (err !== undefined) {
+      await this.#keeper;
+      throw err;
+    }
+    this.#lose("released by its holder");
+    await this.#keeper;
+    await this.#hooks.release();
+  }
+
+  #checkClock(): void {
+    if (!this.#ac.signal.aborted && performance.now() >= this.#validUntil) {
+      this.#lose(`no renewal confirmed within the TTL of ${this.ttlMs}ms (local validity ran out)`);
+    }
+  }
+
+  /** #lose records the first reason the lease ended and stops it. */
+  #lose(reason: string | LostError): void {
+    if (this.#ac.signal.aborted) return;
+    const err =
+      typeof reason === "string"
+        ? new LostError(`lease on "${this.scope}" with token ${this.token} is lost: ${reason}`, { scope: this.scope, token: this.token, reason })
+        : reason;
+    this.#hooks.forget(this);
+    this.#ac.abort(err);
+    this.#wake?.();
+  }
+
+  /**
+   * #keepAlive renews the lease every third of its TTL, counted from start,
+   * the send time its validity counts from, and ends the lease when fenced
+   * says it is lost or its local validity runs out. It runs until the lease
+   * ends, which it does by the validity deadline at the latest.
+   */
+  async #keepAlive(start: number): Promise<void> {
+    const signal = this.#ac.signal;
+    const every = this.ttlMs / 3;
+    let next = start + every;
+    while (!signal.aborted) {
+      const valid = this.#validUntil;
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, Math.max(Math.min(next, valid) - performance.now(), 0));
+        this.#wake = () => {
+          clearTimeout(t);
+          resolve();
+        };
+      });
+      this.#wake = undefined;
+      if (signal.aborted) return;
+      const now = performance.now();
+      if (now >= valid) {
+        this.#checkClock();
+        return;
+      }
+      if (now < next) continue;
+      const sent = performance.now();
+      try {
+        // An answer after the validity ends would come too late to extend it.
+        await this.#hooks.renew(AbortSignal.any([signal, AbortSignal.timeout(Math.max(Math.ceil(valid - sent), 1))]));
+        this.#validUntil = Math.max(this.#validUntil, sent + this.ttlMs - this.#margin);
+        next = sent + every;
+      } catch (err) {
+        if (signal.aborted) return;
+        if (err instanceof LostError || err instanceof NotHolderError) {
+          this.#lose(
+            new LostError(`lease on "${this.scope}" with token ${this.token} is lost: ${err.message}`, {
+              scope: this.scope,
+              token: this.token,
+              current: err instanceof LostError ? err.current : 0n,
+              reason: err instanceof LostError ? err.reason : err.message,
+              code: err.code,
+              cause: err,
+            }),
+          );
+          return;
+        }
+        // Transient: try again soon, while the lease is still valid.
+        next = performance.now() + Math.max(this.ttlMs / 20, 10);
+      }
+    }
+  }
+}

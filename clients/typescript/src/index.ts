@@ -1,0 +1,19 @@
+// The TypeScript client and guards of fenced, the fence lease service.
+// See README.md; docs/protocol.md in the repository is the contract.
+
+export { Client, Lease, type AcquireOptions, type ClientOptions } from "./client.js";
+export { FenceError, HeldError, InvalidError, LostError, NotHolderError, StaleError, UnavailableError } from "./errors.js";
+export { check, next, MemoryMarkStore, type Mark, type MarkStore, type Write } from "./guard.js";
+export {
+  fencedFetch,
+  fencingMiddleware,
+  staleFromProblem,
+  PROBLEM_TYPE,
+  SEQUENCE_HEADER,
+  TOKEN_HEADER,
+  type FencedFetchOptions,
+  type Middleware,
+  type MiddlewareOptions,
+} from "./http.js";
+export { KeySet, RemoteKeySet, type KeysFile, type Verifier } from "./keys.js";
+export { formatToken, isSigned, MAX_TOKEN, parseToken, parseValue, signedPayload, validateScope, type Token } from "./token.js";
