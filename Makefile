@@ -32,9 +32,14 @@ services: ## install (Debian packages, when missing) and start PostgreSQL, Maria
 # work; most of it goes to cmd/fenced's cluster and kill -9 tests,
 # cmd/fencecheck's two 20-second fault runs and the database tests.
 .PHONY: test
-test: services lint checkgenerate ## lint, check generated code, the whole suite with the race detector (~6 min on 2 cores, more when busy), a line per package
+test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~6 min on 2 cores, more when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  $(GO) test -race -count=1 -timeout 20m -json ./... | $(TESTPROGRESS)
+
+.PHONY: test-ts
+test-ts: services ## the TypeScript client and guards (clients/typescript): npm ci, build, node --test against a real fenced and the servers of make services
+	set -a && source scripts/services.env && set +a && cd clients/typescript && \
+	  npm ci --no-audit --no-fund --prefer-offline && npm test
 
 .PHONY: test-short
 test-short: ## a first look: no databases, no race detector, no cluster, kill or fault-run tests

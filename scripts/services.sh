@@ -281,6 +281,11 @@ resolve_binaries() {
 	if ! find_bin chromium >/dev/null; then
 		MISSING+=(chromium)
 	fi
+	# Not a service either: Node and npm build and test the TypeScript
+	# client (make test-ts).
+	if ! find_bin node >/dev/null || ! find_bin npm >/dev/null; then
+		MISSING+=(nodejs npm)
+	fi
 }
 
 ensure_packages() {
