@@ -1,6 +1,8 @@
 // The client against a real fenced.
 
 import assert from "node:assert/strict";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
 import { Client, HeldError, InvalidError, LostError, parseToken, RemoteKeySet, UnavailableError, type Lease } from "../src/index.js";
@@ -135,4 +137,36 @@ test("close releases every lease it keeps alive", async () => {
     assert.equal((await rpc(fenced.url, "Get", { scope: s })).body.lease, undefined, `${s} released`);
   }
   await assert.rejects(c.acquire("ts/close-c"), /closed/);
+});
+
+test("an acquire whose answer is cut off is retried with its request ID: one grant, one token", async () => {
+  // A proxy that forwards every call to fenced but cuts off the answer of
+  // the first Acquire, after fenced has granted it.
+  let cut = false;
+  const proxy = createServer(async (req, res) => {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const answer = await fetch(fenced.url + req.url, { method: "POST", headers: { "content-type": "application/json" }, body: Buffer.concat(chunks) });
+    const body = await answer.text();
+    if (req.url!.endsWith("/Acquire") && !cut) {
+      cut = true;
+      res.socket?.destroy();
+      return;
+    }
+    res.writeHead(answer.status, { "content-type": "application/json" }).end(body);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+  try {
+    const c = new Client(`http://127.0.0.1:${(proxy.address() as AddressInfo).port}`);
+    const before = BigInt((await rpc(fenced.url, "Get", { scope: "ts/retry" })).body.lastToken ?? "0");
+    const lease = await c.acquire("ts/retry", { ttl: 5000 });
+    assert.ok(cut, "the first answer was cut off");
+    assert.equal(lease.token, before + 1n, "the retry got the first attempt's grant");
+    const got = await rpc(fenced.url, "Get", { scope: "ts/retry" });
+    assert.equal(BigInt(got.body.lastToken), lease.token, "no second token was issued");
+    assert.equal(lease.lost.aborted, false);
+    await c.close();
+  } finally {
+    proxy.close();
+  }
 });

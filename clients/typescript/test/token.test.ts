@@ -4,9 +4,11 @@
 
 import assert from "node:assert/strict";
 import { createPrivateKey, sign } from "node:crypto";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
-import { check, formatToken, InvalidError, KeySet, MAX_TOKEN, parseToken, signedPayload, type Token } from "../src/index.js";
+import { check, formatToken, InvalidError, KeySet, MAX_TOKEN, parseToken, RemoteKeySet, signedPayload, type Token } from "../src/index.js";
 import { vectors } from "./fenced.js";
 
 const v = vectors();
@@ -118,4 +120,31 @@ test("values beyond 2^53 stay exact", () => {
   const b = parseToken("fence:v1:s:9007199254740992");
   assert.ok(check("s", { token: a.value, seq: 0n }, { token: b }) !== undefined, "2^53 after 2^53+1 must be stale");
   assert.equal(parseToken(`fence:v1:s:${MAX_TOKEN}`).value, MAX_TOKEN);
+});
+
+test("RemoteKeySet: an unknown key ID fetches /keys again at most once per interval", async () => {
+  let hits = 0;
+  const srv = createServer((req, res) => {
+    assert.equal(req.url, "/keys");
+    hits++;
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(v.keys));
+  });
+  await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", resolve));
+  try {
+    const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const genuine = parseToken(v.verify.find((c: any) => c.valid).text);
+    const unknown = parseToken(v.verify.find((c: any) => /unknown key/.test(c.why ?? "")).text);
+    const keys = new RemoteKeySet(url, { refreshIntervalMs: 3_600_000 });
+    await keys.verify(genuine);
+    for (let i = 0; i < 5; i++) {
+      await assert.rejects(keys.verify(unknown), InvalidError);
+    }
+    assert.equal(hits, 1, "one fetch, however many unknown key IDs");
+    const eager = new RemoteKeySet(url, { refreshIntervalMs: 0 });
+    await eager.verify(genuine);
+    await assert.rejects(eager.verify(unknown), InvalidError);
+    assert.equal(hits, 3, "with no interval, an unknown key ID fetches again");
+  } finally {
+    srv.close();
+  }
 });
