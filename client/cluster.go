@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -90,16 +91,32 @@ func nodesFrom(ns []*fencev1.Node) []Node {
 	return out
 }
 
-// RotateSigningKey makes the service sign with a new key from now on and
-// returns its ID. Tokens signed with the previous keys keep verifying for
-// the service's grace period (fenced --key-grace). A retry after a lost
-// answer may rotate twice, which is harmless.
-func (c *Client) RotateSigningKey(ctx context.Context) (string, error) {
+// KeyRotation is what RotateSigningKey did: the new key, and when it
+// starts to sign.
+type KeyRotation struct {
+	KeyID string
+	// SignsFrom is when KeyID starts to sign (fenced --key-publish-delay
+	// after the rotation). Until then the previous key signs, and guards
+	// fetch the new one from /keys. Zero from a service too old to say,
+	// which signs with the new key at once.
+	SignsFrom time.Time
+}
+
+// RotateSigningKey adds a new signing key to the service. The service
+// publishes it at once and signs with it from the returned SignsFrom on;
+// tokens signed with the previous keys keep verifying for the service's
+// grace period after that (fenced --key-grace). A retry after a lost
+// answer may rotate twice, which is harmless: the second key starts later.
+func (c *Client) RotateSigningKey(ctx context.Context) (KeyRotation, error) {
 	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RotateSigningKeyResponse], error) {
 		return n.cluster.RotateSigningKey(ctx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
 	})
 	if err != nil {
-		return "", fmt.Errorf("rotate signing key: %w", err)
+		return KeyRotation{}, fmt.Errorf("rotate signing key: %w", err)
 	}
-	return resp.Msg.KeyId, nil
+	r := KeyRotation{KeyID: resp.Msg.KeyId}
+	if resp.Msg.SignsFrom != nil {
+		r.SignsFrom = resp.Msg.SignsFrom.AsTime()
+	}
+	return r, nil
 }

@@ -62,6 +62,13 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *server.Config
 // unsigned, so examples can print them.
 func WithSigning() Option { return optionFunc(func(c *server.Config) { c.SignTokens = true }) }
 
+// WithKeyPublishDelay sets how long a key added by RotateSigningKey is
+// published before it signs (default 5m, as fenced's --key-publish-delay);
+// 0 makes a new key sign at once.
+func WithKeyPublishDelay(d time.Duration) Option {
+	return optionFunc(func(c *server.Config) { c.KeyPublishDelay = d })
+}
+
 // NewServer starts a server on a free loopback port and waits until it
 // grants. It panics if it cannot, like httptest.NewServer.
 func NewServer(opts ...Option) *Server {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -79,11 +80,15 @@ lease; whether it is still the newest is for the guard to decide.`,
 func (a *app) newTokenRotateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "rotate-key",
-		Short: "Make the service sign with a new key from now on",
-		Long: `Rotate-key makes fenced sign every token granted from now on with a new key.
+		Short: "Add a new signing key: published now, signing after fenced's --key-publish-delay",
+		Long: `Rotate-key adds a new signing key to fenced. The service publishes it at
+/keys at once and signs every token granted from fenced's --key-publish-delay
+(5m by default) later on with it; until then the previous key signs, so
+guards that fetch the keys from the service (signing.Refreshing, with an
+interval below that delay) know the new key before any token carries it.
 Tokens signed with the previous keys keep verifying for fenced's
---key-grace (24h by default); guards that fetch the keys from the service
-pick up the new key by themselves when they first meet it.`,
+--key-grace (24h by default) after the new key starts. It prints the new
+key's ID and when it starts to sign.`,
 		Args: exactArgs(),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -91,12 +96,21 @@ pick up the new key by themselves when they first meet it.`,
 				return err
 			}
 			defer c.Close()
-			kid, err := c.RotateSigningKey(cmd.Context())
+			r, err := c.RotateSigningKey(cmd.Context())
 			if err != nil {
 				return err
 			}
-			return a.emit(map[string]string{"key_id": kid}, func(w io.Writer) {
-				fmt.Fprintf(w, "signing with key %s from now on\n", kid)
+			out := map[string]string{"key_id": r.KeyID}
+			if !r.SignsFrom.IsZero() { // zero from a service that signs with it at once and does not say
+				out["signs_from"] = r.SignsFrom.UTC().Format(time.RFC3339)
+			}
+			return a.emit(out, func(w io.Writer) {
+				if wait := time.Until(r.SignsFrom); wait > 0 {
+					fmt.Fprintf(w, "key %s is published at /keys and signs from %s (in %v); the previous key signs until then\n",
+						r.KeyID, out["signs_from"], wait.Round(time.Second))
+					return
+				}
+				fmt.Fprintf(w, "signing with key %s from now on\n", r.KeyID)
 			})
 		}),
 	}

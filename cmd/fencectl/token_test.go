@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fence-dev/fence"
 )
@@ -14,8 +15,8 @@ import (
 // TestTokenVerify acquires from a signing fenced and checks its token with
 // fencectl token verify: the token verifies against the service's keys and
 // against a saved key file; an altered, an unsigned and a malformed token
-// do not; after rotate-key the old token still verifies (grace period) and
-// new grants carry the new key.
+// do not; rotate-key publishes a new key that signs later, and meanwhile
+// new grants carry the old key, and the old token still verifies.
 func TestTokenVerify(t *testing.T) {
 	s := startFenced(t, "--sign-tokens=true")
 	var l leaseOutput
@@ -50,17 +51,27 @@ func TestTokenVerify(t *testing.T) {
 	}
 	s.want(t, 2, "token", "verify", "fence:v2:orders:1")
 
+	// rotate-key publishes the new key and says when it starts to sign
+	// (fenced's --key-publish-delay, 5m by default, later); until then new
+	// grants carry the old key, and the old token keeps verifying.
 	var rot map[string]string
 	s.wantJSON(t, 0, &rot, "token", "rotate-key")
-	if rot["key_id"] == "" || rot["key_id"] == tok.KeyID {
-		t.Fatalf("rotate-key = %v; want a new key ID", rot)
+	from, err := time.Parse(time.RFC3339, rot["signs_from"])
+	if rot["key_id"] == "" || rot["key_id"] == tok.KeyID || err != nil || !from.After(time.Now()) {
+		t.Fatalf("rotate-key = %v (%v); want a new key ID that signs later", rot, err)
+	}
+	if b, err := fetchKeysFile(s.addr); err != nil || !strings.Contains(string(b), rot["key_id"]) {
+		t.Fatalf("/keys after rotate-key: %s, %v; want the new key published", b, err)
+	}
+	if r := s.want(t, 0, "token", "rotate-key", "-o", "text"); !strings.Contains(r.stdout, "published at /keys and signs from") {
+		t.Errorf("rotate-key -o text: %s", r.stdout)
 	}
 	s.want(t, 0, "token", "verify", l.TokenText)
 	s.want(t, 0, "release", "orders", "--lease", l.LeaseID)
 	var l2 leaseOutput
 	s.wantJSON(t, 0, &l2, "acquire", "orders", "--holder", "b")
-	if !strings.Contains(l2.TokenText, ":"+rot["key_id"]+":") {
-		t.Errorf("after rotating to %s, token_text %s", rot["key_id"], l2.TokenText)
+	if !strings.Contains(l2.TokenText, ":"+tok.KeyID+":") {
+		t.Errorf("while %s waits to sign, token_text %s; want it signed by the old key %s", rot["key_id"], l2.TokenText, tok.KeyID)
 	}
 }
 

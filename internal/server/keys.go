@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
@@ -37,8 +38,8 @@ type signer struct {
 // maxCachedSignatures bounds the cache; when full it starts over.
 const maxCachedSignatures = 1 << 16
 
-// sign returns t signed with the current key, or t unsigned when signing is
-// off or no key exists yet.
+// sign returns t signed with the key whose time to sign has come, or t
+// unsigned when signing is off or no key exists yet.
 func (s *Server) sign(t fence.Token) fence.Token {
 	if !s.cfg.SignTokens {
 		return t
@@ -73,6 +74,7 @@ func (s *Server) sign(t fence.Token) fence.Token {
 
 // ensureKey gives a signing service its first key. The leader calls it on
 // taking office, so the key is created once and replicated to every node.
+// The first key signs at once: no guard can know any key before it.
 func (s *Server) ensureKey(ctx context.Context) error {
 	if !s.cfg.SignTokens {
 		return nil
@@ -82,7 +84,8 @@ func (s *Server) ensureKey(ctx context.Context) error {
 	if have {
 		return nil
 	}
-	return s.rotateKey(ctx)
+	_, _, err := s.rotateKey(ctx, 0)
+	return err
 }
 
 // RotateSigningKey implements fence.v1.ClusterService.RotateSigningKey. It
@@ -94,26 +97,43 @@ func (c cluster) RotateSigningKey(ctx context.Context, _ *connect.Request[fencev
 	if err := c.s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	if err := c.s.rotateKey(ctx); err != nil {
+	id, from, err := c.s.rotateKey(ctx, c.s.cfg.KeyPublishDelay)
+	if err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	var cur fsm.SigningKey
-	c.s.node.Read(func(st *fsm.State) { cur, _ = st.SignerAt(time.Now().UnixNano()) })
-	return connect.NewResponse(&fencev1.RotateSigningKeyResponse{KeyId: cur.ID}), nil
+	return connect.NewResponse(&fencev1.RotateSigningKeyResponse{KeyId: id, SignsFrom: timestamppb.New(from)}), nil
 }
 
-// rotateKey adds a new signing key; the old ones keep verifying for the
-// configured grace period.
-func (s *Server) rotateKey(ctx context.Context) error {
-	k := signing.NewKey(time.Now())
-	r, err := s.node.Apply(ctx, fsm.Command{Op: fsm.OpAddKey, KeyID: k.ID, Seed: fmt.Sprintf("%x", k.Seed), TTL: s.cfg.KeyGrace, At: time.Now().UnixNano()})
+// rotateKey adds a new signing key, published at once and signing after
+// delay, and returns its ID and when it starts to sign. The time to sign
+// goes into the log entry, so every node, and a later leader, switches
+// then. The old keys keep verifying for the grace period after that.
+//
+// Below log format 4 a member may run a build that would stop at the
+// entry (docs/upgrade.md), so the key then signs at once, as before.
+func (s *Server) rotateKey(ctx context.Context, delay time.Duration) (string, time.Time, error) {
+	now := time.Now()
+	k := signing.NewKey(now)
+	c := fsm.Command{Op: fsm.OpAddKey, KeyID: k.ID, Seed: fmt.Sprintf("%x", k.Seed), TTL: s.cfg.KeyGrace, At: now.UnixNano()}
+	var format int
+	s.node.Read(func(st *fsm.State) { format = st.Format() })
+	from := now
+	if delay > 0 && format < fsm.KeyScheduleFormat {
+		s.log.Warn("the new token-signing key signs at once, not after --key-publish-delay: a member runs an older build (log format below 4); guards refuse its tokens until they fetch the keys again",
+			"key_id", k.ID, "log_format", format)
+	} else if delay > 0 {
+		from = now.Add(delay)
+		c.ActivateAt = from.UnixNano()
+	}
+	r, err := s.node.Apply(ctx, c)
 	if err == nil && r.Outcome == fsm.Invalid {
 		err = r.Err
 	}
-	if err == nil {
-		s.log.Info("new token-signing key", "key_id", k.ID, "old_keys_verify_for", s.cfg.KeyGrace)
+	if err != nil {
+		return "", time.Time{}, err
 	}
-	return err
+	s.log.Info("new token-signing key", "key_id", k.ID, "signs_from", from, "old_keys_verify_for", s.cfg.KeyGrace)
+	return k.ID, from, nil
 }
 
 // serveKeys answers GET /keys with the public keys in signing.File form.

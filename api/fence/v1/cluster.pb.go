@@ -12,6 +12,7 @@ package fencev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -457,8 +458,12 @@ func (*RotateSigningKeyRequest) Descriptor() ([]byte, []int) {
 
 type RotateSigningKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The ID of the key that signs from now on.
-	KeyId         string `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The ID of the new key.
+	KeyId string `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// When the new key starts to sign. Until then the previous key signs.
+	// The time of the answer when it signs at once: the service's first
+	// key, or a cluster whose log format is below 4 (docs/upgrade.md).
+	SignsFrom     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=signs_from,json=signsFrom,proto3" json:"signs_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -500,11 +505,18 @@ func (x *RotateSigningKeyResponse) GetKeyId() string {
 	return ""
 }
 
+func (x *RotateSigningKeyResponse) GetSignsFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SignsFrom
+	}
+	return nil
+}
+
 var File_fence_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x16fence/v1/cluster.proto\x12\bfence.v1\"z\n" +
+	"\x16fence/v1/cluster.proto\x12\bfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1b\n" +
@@ -529,9 +541,11 @@ const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
 	"\x12RemoveNodeResponse\x12$\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0e.fence.v1.NodeR\x05nodes\"\x19\n" +
-	"\x17RotateSigningKeyRequest\"1\n" +
+	"\x17RotateSigningKeyRequest\"l\n" +
 	"\x18RotateSigningKeyResponse\x12\x15\n" +
-	"\x06key_id\x18\x01 \x01(\tR\x05keyId2\xb6\x02\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x129\n" +
+	"\n" +
+	"signs_from\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tsignsFrom2\xb6\x02\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\aAddNode\x12\x18.fence.v1.AddNodeRequest\x1a\x19.fence.v1.AddNodeResponse\x12G\n" +
@@ -562,24 +576,26 @@ var file_fence_v1_cluster_proto_goTypes = []any{
 	(*RemoveNodeResponse)(nil),       // 6: fence.v1.RemoveNodeResponse
 	(*RotateSigningKeyRequest)(nil),  // 7: fence.v1.RotateSigningKeyRequest
 	(*RotateSigningKeyResponse)(nil), // 8: fence.v1.RotateSigningKeyResponse
+	(*timestamppb.Timestamp)(nil),    // 9: google.protobuf.Timestamp
 }
 var file_fence_v1_cluster_proto_depIdxs = []int32{
 	0, // 0: fence.v1.StatusResponse.nodes:type_name -> fence.v1.Node
 	0, // 1: fence.v1.AddNodeResponse.nodes:type_name -> fence.v1.Node
 	0, // 2: fence.v1.RemoveNodeResponse.nodes:type_name -> fence.v1.Node
-	1, // 3: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	3, // 4: fence.v1.ClusterService.AddNode:input_type -> fence.v1.AddNodeRequest
-	5, // 5: fence.v1.ClusterService.RemoveNode:input_type -> fence.v1.RemoveNodeRequest
-	7, // 6: fence.v1.ClusterService.RotateSigningKey:input_type -> fence.v1.RotateSigningKeyRequest
-	2, // 7: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	4, // 8: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
-	6, // 9: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
-	8, // 10: fence.v1.ClusterService.RotateSigningKey:output_type -> fence.v1.RotateSigningKeyResponse
-	7, // [7:11] is the sub-list for method output_type
-	3, // [3:7] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	9, // 3: fence.v1.RotateSigningKeyResponse.signs_from:type_name -> google.protobuf.Timestamp
+	1, // 4: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	3, // 5: fence.v1.ClusterService.AddNode:input_type -> fence.v1.AddNodeRequest
+	5, // 6: fence.v1.ClusterService.RemoveNode:input_type -> fence.v1.RemoveNodeRequest
+	7, // 7: fence.v1.ClusterService.RotateSigningKey:input_type -> fence.v1.RotateSigningKeyRequest
+	2, // 8: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	4, // 9: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
+	6, // 10: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
+	8, // 11: fence.v1.ClusterService.RotateSigningKey:output_type -> fence.v1.RotateSigningKeyResponse
+	8, // [8:12] is the sub-list for method output_type
+	4, // [4:8] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_cluster_proto_init() }

@@ -59,10 +59,11 @@ type ClusterServiceClient interface {
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
-	// RotateSigningKey makes a new key sign every token granted from now on.
-	// The previous keys keep verifying for fenced's --key-grace, so tokens
-	// already handed out stay valid at the guards until then. Guards fetch
-	// the public keys at GET /keys.
+	// RotateSigningKey adds a new signing key. It is published at GET /keys
+	// at once and signs every token granted from fenced's
+	// --key-publish-delay later on, so guards fetch it before any token
+	// carries it. The previous keys keep verifying for fenced's --key-grace
+	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
 }
 
@@ -145,10 +146,11 @@ type ClusterServiceHandler interface {
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
-	// RotateSigningKey makes a new key sign every token granted from now on.
-	// The previous keys keep verifying for fenced's --key-grace, so tokens
-	// already handed out stay valid at the guards until then. Guards fetch
-	// the public keys at GET /keys.
+	// RotateSigningKey adds a new signing key. It is published at GET /keys
+	// at once and signs every token granted from fenced's
+	// --key-publish-delay later on, so guards fetch it before any token
+	// carries it. The previous keys keep verifying for fenced's --key-grace
+	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
 }
 
