@@ -159,6 +159,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newWatchCmd(),
 		a.newClusterCmd(),
 		a.newTokenCmd(),
+		a.newGuardCmd(),
 	)
 	return root
 }

@@ -2,7 +2,9 @@
 // round trip that database/sql spends on the fence statement. It keeps
 // the marks in the fence table of sqlguard's Postgres dialect, with the
 // same rule, so a pgxguard.Store and a sqlguard.Store on one table fence
-// the same scopes, and a restart of either forgets nothing.
+// the same scopes, and a restart of either forgets nothing. So do writers
+// in other languages that call the fence_advance function sqlguard.Install
+// puts in the database (see sqlguard's "Writers in other languages").
 //
 // # Usage
 //

@@ -51,6 +51,28 @@
 // Redis are doubles, exact only to 2^53, so the scripts never convert them:
 // they compare canonical decimal strings by length, then bytewise.
 //
+// # Writers in other languages
+//
+// Library is a Redis Functions library (Redis 7.0 or later), named
+// LibraryName ("fence_v1"), with fenced SET, DEL, HSET and INCRBY for
+// clients in any language. LoadLibrary (or `fencectl guard install
+// redis://...`) loads it. The functions keep marks where a Guard with
+// DefaultPrefix does and decide with the same Lua (rule.lua), so Go and
+// FCALL writers of a scope share one mark:
+//
+//	FCALL fence_set    2   fence:{S} KEY   TOKEN SEQ VALUE [SET option ...]
+//	FCALL fence_del    1+N fence:{S} KEY... TOKEN SEQ
+//	FCALL fence_hset   2   fence:{S} KEY   TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
+//	FCALL fence_incrby 2   fence:{S} KEY   TOKEN SEQ INCREMENT
+//
+// Every KEY must carry the scope as its hash tag (see Key); SEQ 0 means
+// none, and sequences follow the non-strict rule. A stale write changes
+// nothing and returns the error "STALE scope=S presented_token=T
+// highest_token=H presented_seq=Q highest_seq=R"; a malformed call an error
+// starting "ERR fence:". The Guard does not call the library: it needs no
+// install, and its scripts run the same rule. docs/protocol.md, "Guards
+// inside the database", has the whole contract.
+//
 // # Caveats
 //
 // Redis scripts are atomic but not transactional: if a command inside a

@@ -2,6 +2,7 @@ package redisguard
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,38 +21,21 @@ import (
 // the hash "fence:{s}" (fields token and seq).
 const DefaultPrefix = "fence:"
 
-// check is the fence rule of guard.Check, in Lua, over decimal strings.
-// Tokens and sequence numbers are uint64 values; Redis Lua numbers are
-// doubles, exact only up to 2^53, so they never become numbers here: less
-// compares canonical decimal strings (no sign, no leading zeros) by length,
-// then byte by byte.
+// rule is the fence rule of guard.Check in Lua (less, check and advance),
+// shared with the functions library (Library), so that the Go guard and
+// FCALL writers decide alike.
 //
-// KEYS[1] is the mark; ARGV[1] the token, ARGV[2] the sequence ("0": none),
-// ARGV[3] "1" for strict sequences. A stale write returns
-// {"stale", highest token, highest sequence} before touching anything.
-const check = `
-local function less(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-local mark, t, s = KEYS[1], ARGV[1], ARGV[2]
-local h = redis.call('HMGET', mark, 'token', 'seq')
-local ht, hs = h[1] or '0', h[2] or '0'
-local stale = less(t, ht)
-if t == ht and s ~= '0' then
-  stale = less(s, hs) or (ARGV[3] == '1' and s == hs)
-end
-if stale then return {'stale', ht, hs} end
-`
+//go:embed rule.lua
+var rule string
 
-// advance records guard.Next(highest, w). It runs after the write, so a
-// write that raises an error leaves the mark where it was.
-const advance = `
-if less(ht, t) then
-  redis.call('HSET', mark, 'token', t, 'seq', s)
-elseif less(hs, s) then
-  redis.call('HSET', mark, 'seq', s)
-end
+// checkCall runs the rule's check for a script's write. KEYS[1] is the
+// mark; ARGV[1] the token, ARGV[2] the sequence ("0": none), ARGV[3] "1"
+// for strict sequences. A stale write returns {"stale", highest token,
+// highest sequence} before touching anything.
+const checkCall = `
+local mark, t, s = KEYS[1], ARGV[1], ARGV[2]
+local stale, ht, hs = check(mark, t, s, ARGV[3] == '1')
+if stale then return {'stale', ht, hs} end
 `
 
 // fenced builds a script that checks, runs op (which must set the local r,
@@ -62,7 +46,7 @@ func fenced(op string) *redis.Script { return fencedAfter("", op) }
 // fencedAfter is fenced with pre placed before the check, where code does
 // not see the check's locals.
 func fencedAfter(pre, op string) *redis.Script {
-	return redis.NewScript(pre + check + op + "\n" + advance + "return {'ok', r}\n")
+	return redis.NewScript(pre + rule + checkCall + op + "\nadvance(mark, t, s, ht, hs)\nreturn {'ok', r}\n")
 }
 
 var (
@@ -75,14 +59,15 @@ else r = redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5]) end`)
 	incrByScript = fenced(`local r = redis.call('INCRBY', KEYS[2], ARGV[4])`)
 	// checkScript only checks; advanceScript checks again and records.
 	// Store.Fence runs the caller's apply between the two.
-	checkScript   = redis.NewScript(check + "return {'ok'}\n")
+	checkScript   = redis.NewScript(rule + checkCall + "return {'ok'}\n")
 	advanceScript = fenced(`local r`)
 )
 
 // userScript wraps a caller's Lua body. The body runs as a function whose
 // parameters KEYS and ARGV shadow the script's own, so it sees only its own
-// keys and arguments, numbered from 1. It is defined before the check, so
-// it cannot see (or, by forgetting local, overwrite) the check's locals.
+// keys and arguments, numbered from 1. It is defined before the rule and
+// the check, so it cannot see (or, by forgetting local, overwrite) their
+// locals.
 func userScript(body string) *redis.Script {
 	return fencedAfter("local function body(KEYS, ARGV)\n"+body+"\nend\n",
 		"local r = body({unpack(KEYS, 2)}, {unpack(ARGV, 4)})")

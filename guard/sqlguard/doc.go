@@ -98,6 +98,36 @@
 // and, because MySQL reports a matched row that did not change as no row,
 // writes again under that lock when the row admits the token.
 //
+// # Writers in other languages
+//
+// Install (or `fencectl guard install URL`) puts the same check inside a
+// PostgreSQL or MySQL/MariaDB database, as SQL any client can call, on
+// the fence table DefaultTable: a Store with the default table and those
+// writers share each scope's mark. The scripts are InstallSQL's, embedded
+// from sql/postgres.sql and sql/mysql.sql; running them again replaces the
+// functions and keeps the marks. In the caller's transaction, before its
+// writes:
+//
+//	SELECT fence_advance('orders', 42);       -- PostgreSQL; seq is an optional third argument
+//	CALL fence_advance('orders', 42, 0);      -- MySQL: scope, token, sequence (0: none)
+//
+// A stale token fails with SQLSTATE FN409 (on MySQL, error 1644): on
+// PostgreSQL the message reads as guard.StaleError's and DETAIL holds
+// "scope=S presented_token=T highest_token=H presented_seq=Q
+// highest_seq=R"; on MySQL the message holds the same fields, scope last,
+// cut at 128 characters. A malformed argument fails with FN400. MySQL
+// keeps the transaction open after an error: the caller must roll it back.
+// For row tokens, fence_row_token refuses an update that lowers a row's
+// fence_token (FN409), as UpdateRow would:
+//
+//	CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION fence_row_token('orders');
+//	CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW CALL fence_row_token('orders', OLD.fence_token, NEW.fence_token);
+//
+// fence_guard_version() returns the scripts' version, 1. The Go Store
+// does not call these functions: it needs no install, and its one
+// statement is the same upsert. docs/protocol.md, "Guards inside the
+// database", has the whole contract.
+//
 // # Caveats
 //
 // Each Update costs one statement more than the same unfenced

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fence-dev/fence/guard/redisguard"
+)
+
+// ctl runs fencectl in this process and returns its exit status, stdout
+// and stderr.
+func ctl(args ...string) (int, string, string) {
+	var stdout, stderr strings.Builder
+	code := execute(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// TestGuardInstallErrors: an unknown scheme and a MySQL URL without a
+// database are usage errors, a server that does not answer an error, and
+// --print connects to nothing.
+func TestGuardInstallErrors(t *testing.T) {
+	for _, c := range []struct {
+		url    string
+		status int
+		stderr string
+	}{
+		{"mongodb://127.0.0.1/x", exitUsage, `unknown scheme "mongodb": want postgres://, mysql:// or redis://`},
+		{"127.0.0.1:5432", exitUsage, "URL"},
+		{"mysql://u:secret@127.0.0.1:1", exitUsage, "name the database in the URL"},
+		{"postgres://u:secret@127.0.0.1:1/db", exitError, "cannot reach the server"},
+		{"mysql://u:secret@127.0.0.1:1/db", exitError, "cannot reach the server"},
+		{"redis://:secret@127.0.0.1:1", exitError, "cannot reach the server"},
+	} {
+		code, _, stderr := ctl("guard", "install", c.url)
+		if code != c.status || !strings.Contains(stderr, c.stderr) || strings.Contains(stderr, "secret") {
+			t.Errorf("install %s: status %d, stderr %q; want %d and %q, without the password", c.url, code, stderr, c.status, c.stderr)
+		}
+	}
+	for url, want := range map[string]string{
+		"postgres://127.0.0.1:1/db": "CREATE OR REPLACE FUNCTION fence_advance(scope text, token bigint, seq bigint DEFAULT 0)",
+		"mysql://":                  "CREATE PROCEDURE fence_advance(",
+		"redis://127.0.0.1:1":       "#!lua name=" + redisguard.LibraryName + "\n",
+	} {
+		code, stdout, stderr := ctl("guard", "install", "--print", url)
+		if code != exitOK || !strings.Contains(stdout, want) {
+			t.Errorf("install --print %s: status %d, stderr %q, stdout without %q", url, code, stderr, want)
+		}
+	}
+}
+
+// needServer returns the test server named by the environment variable
+// (default def), or skips the test: always under -short (make test-short
+// runs no servers), and when the server is missing, except in CI, where a
+// missing server is a failure.
+func needServer(t *testing.T, name, def string, ping func(string) error) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the servers of `make services`")
+	}
+	v := os.Getenv(name)
+	if v == "" {
+		v = def
+	}
+	if err := ping(v); err != nil {
+		msg := fmt.Sprintf("%s=%q is unreachable: %v", name, v, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg + " (run `make services`)")
+	}
+	return v
+}
+
+func pingSQL(driver string) func(string) error {
+	return func(dsn string) error {
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return db.PingContext(ctx)
+	}
+}
+
+// TestGuardInstall installs the guard twice in each server of `make
+// services`, into a schema or database of the test's own on the SQL ones,
+// and checks that it is there.
+func TestGuardInstall(t *testing.T) {
+	name := fmt.Sprintf("fencectl_guard_%08x", rand.Uint32())
+	// installTwice installs at u twice, and returns what the second said.
+	installTwice := func(t *testing.T, u string) string {
+		t.Helper()
+		var out string
+		for range 2 {
+			code, stdout, stderr := ctl("guard", "install", u)
+			if code != exitOK {
+				t.Fatalf("install %s: status %d: %s", u, code, stderr)
+			}
+			out = stdout
+		}
+		return out
+	}
+	version := func(t *testing.T, driver, dsn string) {
+		t.Helper()
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var v int
+		if err := db.QueryRow("SELECT fence_guard_version()").Scan(&v); err != nil || v != 1 {
+			t.Fatalf("fence_guard_version() = %d, %v; want 1", v, err)
+		}
+	}
+
+	t.Run("postgres", func(t *testing.T) {
+		dsn := needServer(t, "FENCE_TEST_POSTGRES", "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable", pingSQL("pgx"))
+		admin, _ := sql.Open("pgx", dsn)
+		defer admin.Close()
+		if _, err := admin.Exec("CREATE SCHEMA " + name); err != nil {
+			t.Fatal(err)
+		}
+		defer admin.Exec("DROP SCHEMA " + name + " CASCADE")
+		u, _ := url.Parse(dsn)
+		q := u.Query()
+		q.Set("options", "-csearch_path="+name) // a startup parameter: the schema to install into
+		u.RawQuery = q.Encode()
+		out := installTwice(t, u.String())
+		if !strings.Contains(out, "fence_advance(scope text, token bigint, seq bigint DEFAULT 0)") || strings.Contains(out, ":fence@") {
+			t.Errorf("install said %q", out)
+		}
+		version(t, "pgx", u.String())
+	})
+
+	t.Run("mysql", func(t *testing.T) {
+		dsn := needServer(t, "FENCE_TEST_MYSQL", "fence:fence@tcp(127.0.0.1:33069)/fence", pingSQL("mysql"))
+		admin, _ := sql.Open("mysql", dsn)
+		defer admin.Close()
+		if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+			t.Fatal(err)
+		}
+		defer admin.Exec("DROP DATABASE " + name)
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := installTwice(t, (&url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + name}).String())
+		if !strings.Contains(out, "procedure fence_advance(scope, token, seq)") {
+			t.Errorf("install said %q", out)
+		}
+		cfg.DBName = name
+		version(t, "mysql", cfg.FormatDSN())
+	})
+
+	t.Run("redis", func(t *testing.T) {
+		u := needServer(t, "FENCE_TEST_REDIS", "redis://127.0.0.1:63799/0", func(u string) error {
+			opt, err := redis.ParseURL(u)
+			if err != nil {
+				return err
+			}
+			rdb := redis.NewClient(opt)
+			defer rdb.Close()
+			return rdb.Ping(context.Background()).Err()
+		})
+		out := installTwice(t, u)
+		if !strings.Contains(out, "function library "+redisguard.LibraryName) {
+			t.Errorf("install said %q", out)
+		}
+		opt, _ := redis.ParseURL(u)
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		libs, err := rdb.FunctionList(context.Background(), redis.FunctionListQuery{LibraryNamePattern: redisguard.LibraryName}).Result()
+		if err != nil || len(libs) != 1 || len(libs[0].Functions) != 4 {
+			t.Fatalf("FUNCTION LIST %s: %+v, %v; want the library with 4 functions", redisguard.LibraryName, libs, err)
+		}
+	})
+}

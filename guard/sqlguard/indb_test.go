@@ -1,0 +1,434 @@
+package sqlguard_test
+
+// Tests of the guards inside the database (sql/*.sql), driven by the
+// command-line clients psql and mysql: writers outside Go.
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/sqlguard"
+)
+
+var inDBDialects = []sqlguard.Dialect{sqlguard.Postgres, sqlguard.MySQL}
+
+// inDB is a database of a test's own with the guard installed: a schema
+// of the shared PostgreSQL (psql and Go find it through search_path) or a
+// database of the shared MariaDB, dropped when the test ends.
+type inDB struct {
+	d   sqlguard.Dialect
+	src source // for Go: the test's own schema or database
+	cli []string
+	env []string
+}
+
+func newInDB(t *testing.T, d sqlguard.Dialect) *inDB {
+	t.Helper()
+	shared := newSource(t, d)
+	name := fmt.Sprintf("sqlguard_indb_%08x", rand.Uint32())
+	admin := shared.open(t)
+	db := &inDB{d: d, src: shared}
+	switch d {
+	case sqlguard.Postgres:
+		mustExec(t, admin, "CREATE SCHEMA "+name)
+		t.Cleanup(func() { admin.Exec("DROP SCHEMA " + name + " CASCADE") })
+		// options is a startup parameter both libpq and pgx pass on.
+		db.src.dsn += "&options=" + url.QueryEscape("-csearch_path="+name)
+		db.cli = []string{"psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", db.src.dsn}
+	case sqlguard.MySQL:
+		mustExec(t, admin, "CREATE DATABASE "+name)
+		t.Cleanup(func() { admin.Exec("DROP DATABASE " + name) })
+		cfg, err := mysql.ParseDSN(shared.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DBName = name
+		db.src.dsn = cfg.FormatDSN()
+		host, port, err := net.SplitHostPort(cfg.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// MariaDB 11 calls its client mariadb, and mysql only with a
+		// compatibility package.
+		client := "mysql"
+		if _, err := exec.LookPath("mariadb"); err == nil {
+			client = "mariadb"
+		}
+		db.cli = []string{client, "--no-defaults", "--protocol=tcp", "-h", host, "-P", port, "-u", cfg.User, "-N", "-B", name}
+		db.env = []string{"MYSQL_PWD=" + cfg.Passwd}
+	}
+	if _, err := exec.LookPath(db.cli[0]); err != nil {
+		skipOrFail(t, "the %s client is missing: %v", db.cli[0], err)
+	}
+	if err := sqlguard.Install(ctx, db.src.open(t), d); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// run runs input in one session of the command-line client, which stops
+// at the first error, and returns its output, or its error output as an
+// error.
+func (db *inDB) run(input string) (string, error) {
+	out, stderr, err := db.session(input)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w: %s", db.cli[0], err, stderr)
+	}
+	return out, nil
+}
+
+// session runs input in one session of the command-line client and
+// returns its output and error output.
+func (db *inDB) session(input string) (string, string, error) {
+	cmd := exec.Command(db.cli[0], db.cli[1:]...)
+	cmd.Env = append(os.Environ(), db.env...)
+	cmd.Stdin = strings.NewReader(input)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	return strings.TrimSpace(string(out)), strings.TrimSpace(stderr.String()), err
+}
+
+// writeAll makes one writer's fenced writes (scope, token) and returns how
+// many were refused as stale. psql runs them in one session, going on
+// after an error: PostgreSQL aborts the transaction of a stale write, and
+// its COMMIT rolls back. The mysql client must stop at the error instead,
+// because MySQL would commit the writes after it, so it gets a session per
+// write: the server rolls back the transaction of a client that leaves.
+func (db *inDB) writeAll(writes []write) (int, error) {
+	stale := 0
+	if db.d == sqlguard.Postgres {
+		var in strings.Builder
+		in.WriteString("\\set ON_ERROR_STOP 0\n")
+		for _, w := range writes {
+			in.WriteString(db.write(w.scope, w.token))
+		}
+		_, stderr, err := db.session(in.String())
+		if err != nil {
+			return 0, fmt.Errorf("psql: %w: %s", err, stderr)
+		}
+		for l := range strings.Lines(stderr) {
+			switch {
+			case strings.Contains(l, "ERROR:  FN409:"):
+				stale++
+			case strings.Contains(l, "ERROR:  25P02:"): // the rest of a stale write's transaction
+			case strings.Contains(l, "ERROR:"):
+				return stale, errors.New(l)
+			}
+		}
+		return stale, nil
+	}
+	for _, w := range writes {
+		_, err := db.run(db.write(w.scope, w.token))
+		switch {
+		case err != nil && strings.Contains(err.Error(), "FN409"):
+			stale++
+		case err != nil:
+			return stale, err
+		}
+	}
+	return stale, nil
+}
+
+type write struct {
+	scope string
+	token uint64
+}
+
+func (db *inDB) mustRun(t testing.TB, input string) string {
+	t.Helper()
+	out, err := db.run(input)
+	if err != nil {
+		t.Fatalf("%s\n%v", input, err)
+	}
+	return out
+}
+
+// advance is the client's call of fence_advance.
+func (db *inDB) advance(scope string, token uint64) string {
+	if db.d == sqlguard.Postgres {
+		return fmt.Sprintf("SELECT fence_advance('%s', %d);\n", scope, token)
+	}
+	return fmt.Sprintf("CALL fence_advance('%s', %d, 0);\n", scope, token)
+}
+
+// write is one fenced transaction of the client: check token against its
+// scope's mark, then append to log and set the scope's value.
+func (db *inDB) write(scope string, token uint64) string {
+	begin, upsert := "BEGIN;\n", "INSERT INTO val (scope, token) VALUES ('%s', %d) ON CONFLICT (scope) DO UPDATE SET token = excluded.token;\n"
+	if db.d == sqlguard.MySQL {
+		begin, upsert = "START TRANSACTION;\n", "INSERT INTO val (scope, token) VALUES ('%s', %d) ON DUPLICATE KEY UPDATE token = VALUES(token);\n"
+	}
+	return begin + db.advance(scope, token) +
+		fmt.Sprintf("INSERT INTO log (scope, token) VALUES ('%s', %d);\n", scope, token) +
+		fmt.Sprintf(upsert, scope, token) + "COMMIT;\n"
+}
+
+// wantStale fails unless err is the guard's stale error for presented
+// against highest.
+func wantStale(t testing.TB, err error, presented, highest uint64) {
+	t.Helper()
+	want := fmt.Sprintf(`presented_token=%d highest_token=%d\b`, presented, highest)
+	if err == nil || !strings.Contains(err.Error(), "FN409") || !regexp.MustCompile(want).MatchString(err.Error()) {
+		t.Fatalf("got %v, want SQLSTATE FN409 with %s", err, want)
+	}
+}
+
+func mark(t testing.TB, s *sqlguard.Store, scope string) uint64 {
+	t.Helper()
+	m, err := s.Highest(ctx, scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Token
+}
+
+// TestInDatabaseConcurrentWriters has 16 concurrent writers (see
+// writeAll) make 50 fenced writes each, of older and newer tokens, to
+// three scopes, each write appending to a log and setting the scope's
+// value in the transaction that advances the mark. Per scope the log must be
+// non-decreasing in token, every refusal stale, and the mark and the value
+// the highest token written: invariant 6 for writers outside Go.
+func TestInDatabaseConcurrentWriters(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			id := map[sqlguard.Dialect]string{sqlguard.Postgres: "bigserial", sqlguard.MySQL: "BIGINT AUTO_INCREMENT"}[d]
+			db.mustRun(t, "CREATE TABLE log (id "+id+" PRIMARY KEY, scope VARCHAR(64) NOT NULL, token BIGINT NOT NULL);\n"+
+				"CREATE TABLE val (scope VARCHAR(64) PRIMARY KEY, token BIGINT NOT NULL);\n")
+			scopes := []string{"orders/1", "orders/2", "orders/3"}
+			writers, writes := 16, 50
+			if d == sqlguard.MySQL {
+				writes = 20 // a mysql process per write: 50 would take a minute on a busy machine
+			}
+			var (
+				mu        sync.Mutex
+				stale     int
+				errs      []error
+				wg        sync.WaitGroup
+				presented []write
+			)
+			for range writers {
+				wg.Go(func() {
+					ws := make([]write, writes)
+					for j := range ws {
+						// Tokens grow as writers go on, and writers at the
+						// same point overtake each other: some are stale.
+						ws[j] = write{scopes[rand.N(len(scopes))], 1 + uint64(j)*8 + rand.Uint64N(64)}
+					}
+					n, err := db.writeAll(ws)
+					mu.Lock()
+					defer mu.Unlock()
+					presented = append(presented, ws...)
+					stale += n
+					if err != nil {
+						errs = append(errs, err)
+					}
+				})
+			}
+			wg.Wait()
+			if len(errs) > 0 {
+				t.Fatalf("%d writers had writes fail other than stale, such as: %v", len(errs), errs[0])
+			}
+			s := newStore(t, db.src.open(t), d, quiet)
+			landed := 0
+			for _, sc := range scopes {
+				var logged []uint64
+				for _, row := range strings.Fields(db.mustRun(t, "SELECT token FROM log WHERE scope = '"+sc+"' ORDER BY id;\n")) {
+					v, _ := strconv.ParseUint(row, 10, 64)
+					logged = append(logged, v)
+				}
+				landed += len(logged)
+				if !slices.IsSorted(logged) {
+					t.Errorf("%s: the log of landed writes goes back: %v", sc, logged)
+				}
+				top := uint64(0)
+				for _, w := range presented {
+					if w.scope == sc {
+						top = max(top, w.token)
+					}
+				}
+				val := db.mustRun(t, "SELECT token FROM val WHERE scope = '"+sc+"';\n")
+				if m := mark(t, s, sc); m != top || len(logged) == 0 || logged[len(logged)-1] != top || val != strconv.FormatUint(top, 10) {
+					t.Errorf("%s: mark %d, value written by %s; want both %d, the highest presented", sc, m, val, top)
+				}
+			}
+			if landed+stale != writers*writes {
+				t.Errorf("%d writes landed and %d were stale, want %d in all", landed, stale, writers*writes)
+			}
+			t.Logf("%d writes landed, %d were refused as stale", landed, stale)
+		})
+	}
+}
+
+// TestInDatabaseLateWriteInNewSession: a token accepted in one session
+// still refuses a lower one in the next. The mark is a committed row, so a
+// new session reads what a restarted server would: the shared servers of
+// `make services` serve every engineer's tests, so this test does not
+// restart them (redisguard's restarts a Redis of its own).
+func TestInDatabaseLateWriteInNewSession(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			db.mustRun(t, db.advance("jobs", 42))
+			_, err := db.run(db.advance("jobs", 41))
+			wantStale(t, err, 41, 42)
+			db.mustRun(t, db.advance("jobs", 42)) // the holder of 42 goes on
+		})
+	}
+}
+
+// TestInDatabaseBeyondFloat compares tokens that doubles cannot tell
+// apart, and the largest token.
+func TestInDatabaseBeyondFloat(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			const p53 = 1 << 53
+			db.mustRun(t, db.advance("big", p53+1))
+			_, err := db.run(db.advance("big", p53))
+			wantStale(t, err, p53, p53+1)
+			db.mustRun(t, db.advance("big", fence.MaxToken))
+			_, err = db.run(db.advance("big", fence.MaxToken-1))
+			wantStale(t, err, fence.MaxToken-1, fence.MaxToken)
+			// 2^63 is no token: refused as malformed (FN400 on MySQL, no
+			// fence_advance(text, numeric) on PostgreSQL), never clamped.
+			if _, err := db.run(db.advance("big", fence.MaxToken+1)); err == nil || strings.Contains(err.Error(), "FN409") {
+				t.Fatalf("token 2^63: %v, want an error that is not stale", err)
+			}
+			if _, err := db.run(db.advance("big2", fence.MaxToken+1)); err == nil {
+				t.Fatal("token 2^63 accepted for a new scope")
+			}
+			if m := mark(t, newStore(t, db.src.open(t), d), "big"); m != fence.MaxToken {
+				t.Fatalf("mark %d, want %d", m, uint64(fence.MaxToken))
+			}
+		})
+	}
+}
+
+// TestInDatabaseSharesGoMark has a Go Store and the command-line client
+// write one scope: each refuses what the other's higher token superseded.
+func TestInDatabaseSharesGoMark(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			s := newStore(t, db.src.open(t), d, quiet)
+			goWrite := func(v uint64) error {
+				return s.Update(ctx, "shared", wr("shared", v, 0), func(*sql.Tx) error { return nil })
+			}
+			if err := goWrite(43); err != nil {
+				t.Fatal(err)
+			}
+			_, err := db.run(db.advance("shared", 42))
+			wantStale(t, err, 42, 43)
+			db.mustRun(t, db.advance("shared", 44))
+			var stale *guard.StaleError
+			if err := goWrite(43); !errors.As(err, &stale) || stale.Highest != 44 {
+				t.Fatalf("Go write of 43 after the client's 44: %v, want stale against 44", err)
+			}
+		})
+	}
+}
+
+// TestInDatabaseRowTrigger attaches the row-token check to a table with
+// the documented CREATE TRIGGER, and has UpdateRow and the client write
+// one row.
+func TestInDatabaseRowTrigger(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			trigger := "CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION fence_row_token('orders');\n"
+			if d == sqlguard.MySQL {
+				trigger = "CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW CALL fence_row_token('orders', OLD.fence_token, NEW.fence_token);\n"
+			}
+			db.mustRun(t, "CREATE TABLE orders (id INT PRIMARY KEY, total INT NOT NULL, fence_token BIGINT NOT NULL DEFAULT 0);\n"+
+				trigger+"INSERT INTO orders (id, total) VALUES (7, 0);\n")
+			update := func(total int, token uint64) error {
+				_, err := db.run(fmt.Sprintf("UPDATE orders SET total = %d, fence_token = %d WHERE id = 7;\n", total, token))
+				return err
+			}
+			s := newStore(t, db.src.open(t), d, quiet)
+			goUpdate := func(total int, token uint64) error {
+				tx, err := s.DB().Begin()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				row := sqlguard.Row{Table: "orders", Key: "id", ID: 7}
+				if err := s.UpdateRow(ctx, tx, "orders", wr("orders", token, 0), row, map[string]any{"total": total}); err != nil {
+					return err
+				}
+				return tx.Commit()
+			}
+			if err := goUpdate(1, 43); err != nil {
+				t.Fatal(err)
+			}
+			wantStale(t, update(2, 42), 42, 43)
+			if err := update(3, 1<<53+1); err != nil {
+				t.Fatal(err)
+			}
+			wantStale(t, update(4, 1<<53), 1<<53, 1<<53+1)
+			if err := goUpdate(5, 44); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("Go update with 44 after the client's 2^53+1: %v, want stale", err)
+			}
+			if got := db.mustRun(t, "SELECT total, fence_token FROM orders WHERE id = 7;\n"); strings.Join(strings.Fields(strings.ReplaceAll(got, "|", " ")), " ") != "3 9007199254740993" {
+				t.Fatalf("row %q, want the client's write of 3 with token 2^53+1", got)
+			}
+		})
+	}
+}
+
+// TestInstall installs the guard again, twice at once, and through the
+// client from InstallSQL, and checks that it keeps the marks and that its
+// table is the Store's.
+func TestInstall(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			script, err := d.InstallSQL()
+			if err != nil {
+				t.Fatal(err)
+			}
+			create, _ := d.CreateTableSQL(sqlguard.DefaultTable)
+			if !strings.Contains(script, create+";\n") {
+				t.Fatalf("the install script does not create the Store's table with %q", create)
+			}
+			db.mustRun(t, db.advance("kept", 42))
+			var wg sync.WaitGroup
+			dbs := []*sql.DB{db.src.open(t), db.src.open(t)}
+			errs := make([]error, len(dbs))
+			for i, sdb := range dbs {
+				wg.Go(func() { errs[i] = sqlguard.Install(ctx, sdb, d) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			db.mustRun(t, script)
+			if v := db.mustRun(t, "SELECT fence_guard_version();\n"); v != "1" {
+				t.Fatalf("fence_guard_version() = %q, want 1", v)
+			}
+			_, err = db.run(db.advance("kept", 41))
+			wantStale(t, err, 41, 42)
+		})
+	}
+	if _, err := sqlguard.SQLite.InstallSQL(); !errors.Is(err, fence.ErrInvalid) {
+		t.Fatalf("SQLite install script: %v, want invalid", err)
+	}
+}
