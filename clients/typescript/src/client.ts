@@ -63,21 +63,33 @@ interface LeaseInfo {
 }
 
 /**
- * Client talks to one fenced (one API address: a node of a cluster forwards
- * to the leader). It is safe to share; make one per service.
+ * Client talks to fenced: one node, or the nodes of a cluster (any node
+ * takes any call, forwarding to the leader). It sends its calls to one
+ * address at a time, and moves to the next, wrapping around, when a call
+ * finds that node unavailable, as the Go client does. It is safe to share;
+ * make one per service.
  */
 export class Client {
-  readonly #base: string;
+  readonly #bases: string[];
+  #cur = 0;
   readonly #holder: string;
   readonly #headers: Record<string, string>;
   readonly #retryTimeoutMs: number;
   readonly #leases = new Set<Lease>();
   #closed = false;
 
-  /** baseUrl is fenced's API address, such as "http://127.0.0.1:7480". */
-  constructor(baseUrl: string, opts: ClientOptions = {}) {
-    const u = new URL(baseUrl); // throws on a malformed address
-    this.#base = u.href.replace(/\/+$/, "");
+  /**
+   * baseUrl is fenced's API address, such as "http://127.0.0.1:7480", or
+   * the addresses of a cluster's nodes, in the order to try them (an array,
+   * or comma-separated).
+   */
+  constructor(baseUrl: string | string[], opts: ClientOptions = {}) {
+    const list = (Array.isArray(baseUrl) ? baseUrl : baseUrl.split(",")).map((a) => a.trim()).filter((a) => a !== "");
+    if (list.length === 0) {
+      throw new InvalidError("address", "no fenced address given");
+    }
+    // new URL throws on a malformed address.
+    this.#bases = list.map((a) => new URL(a).href.replace(/\/+$/, ""));
     this.#holder = opts.holder ?? `${basename(process.argv[1] ?? "node")}-${process.pid}@${hostname()}`.slice(0, 128);
     this.#headers = {
       "content-type": "application/json",
@@ -186,8 +198,9 @@ export class Client {
     // least 1ms, and the loop gives up once the budget would be passed.
     for (let attempt = 0; ; attempt++) {
       const sent = performance.now();
+      const node = this.#cur;
       try {
-        const body = await this.#post(method, req, signal);
+        const body = await this.#post(this.#bases[node]!, method, req, signal);
         return { body, sent, retried: attempt > 0 };
       } catch (err) {
         if (releasing && attempt > 0 && (err instanceof LostError || err instanceof NotHolderError)) {
@@ -196,7 +209,13 @@ export class Client {
           return { body: {}, sent, retried: true };
         }
         const sleep = Math.random() * backoff + 1;
-        if (!(err instanceof UnavailableError) || signal?.aborted || performance.now() + sleep > give) {
+        if (!(err instanceof UnavailableError) || signal?.aborted) {
+          throw wrap(op, scope, err);
+        }
+        // Only the call that saw the failure moves on: concurrent calls
+        // failing on the same node must not skip the next one.
+        if (this.#cur === node) this.#cur = (node + 1) % this.#bases.length;
+        if (performance.now() + sleep > give) {
           throw wrap(op, scope, err);
         }
         await delay(sleep, signal);
@@ -206,8 +225,8 @@ export class Client {
   }
 
   /** #post sends one Connect unary call and decodes its answer or error. */
-  async #post(method: string, req: unknown, signal?: AbortSignal): Promise<any> {
-    const url = `${this.#base}/${SERVICE}/${method}`;
+  async #post(base: string, method: string, req: unknown, signal?: AbortSignal): Promise<any> {
+    const url = `${base}/${SERVICE}/${method}`;
     let res: Response;
     try {
       res = await fetch(url, { method: "POST", headers: this.#headers, body: JSON.stringify(req), signal });

@@ -228,9 +228,9 @@ export interface FencedFetchOptions extends RequestInit {
 /**
  * fencedFetch sends a request with the lease's token in the Fencing-Token
  * header. It refuses to send once the lease is lost, throwing its
- * LostError. A 409 answer with the stale-token problem marks the lease lost
- * and throws a StaleError with the body's tokens, read exactly; never retry
- * that write with this lease. Other answers are returned as they are.
+ * LostError. A 409 answer with the stale-token problem throws a StaleError
+ * with the body's tokens, read exactly, and marks the lease lost if the
+ * guard has accepted a newer token; never retry that write with this lease. Other answers are returned as they are.
  */
 export async function fencedFetch(lease: Lease, input: string | URL, init: FencedFetchOptions = {}): Promise<Response> {
   lease.throwIfLost();
@@ -247,7 +247,9 @@ export async function fencedFetch(lease: Lease, input: string | URL, init: Fence
     // Some other conflict: give the caller the answer, body included.
     return new Response(text, { status: res.status, statusText: res.statusText, headers: res.headers });
   }
-  lease.markLost(stale);
+  // A newer token proves a newer grant; a sequence refused under the same
+  // token only says that a later write of this holder came first.
+  if (stale.highest > stale.presented) lease.markLost(stale);
   throw stale;
 }
 

@@ -170,3 +170,14 @@ test("an acquire whose answer is cut off is retried with its request ID: one gra
     proxy.close();
   }
 });
+
+test("several addresses: a call that finds a node down moves to the next, and stays there", async () => {
+  // Port 9 (discard) refuses connections on loopback.
+  const c = new Client(["http://127.0.0.1:9", fenced.url]);
+  const lease = await c.acquire("ts/failover", { ttl: 600 });
+  const first = lease.validUntil;
+  await until("renewals reach the live node", () => lease.validUntil > first + 600);
+  assert.equal(lease.lost.aborted, false);
+  await c.close();
+  assert.equal((await rpc(fenced.url, "Get", { scope: "ts/failover" })).body.lease, undefined, "released");
+});
