@@ -193,6 +193,14 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	defer f.close()
 	r.GrantRate = float64(n) / f.took.Seconds()
 	r.Filled = f.memory()
+	// The client batches concurrent grants into one log entry, so the
+	// snapshot to wait for is the one covering the index applied now, not
+	// index n.
+	m, err := scrape("http://" + f.addr + "/metrics")
+	if err != nil {
+		return r, err
+	}
+	applied := uint64(m["fence_raft_applied_index"])
 
 	// Further acquires, one at a time, as a program taking a lock would.
 	ctx := context.Background()
@@ -207,7 +215,7 @@ func measureHeld(bin, data string, n int) (heldResult, error) {
 	slices.Sort(lat)
 	r.AcquireP50, r.AcquireP99 = percentile(lat, 0.50), percentile(lat, 0.99)
 
-	if r.Snapshot, err = awaitSnapshot(filepath.Join(f.dir, "data", "snapshots"), uint64(n)); err != nil {
+	if r.Snapshot, err = awaitSnapshot(filepath.Join(f.dir, "data", "snapshots"), applied); err != nil {
 		return r, err
 	}
 	time.Sleep(settle)
