@@ -18,19 +18,28 @@ export function vectors(): any {
 }
 
 /**
- * fencedBin returns the fenced binary: $FENCED_BIN, or build/fenced, which
- * `npm test` builds from the repository (go build ./cmd/fenced) and which
+ * goBin returns a binary of the repository's cmd/NAME: $ENV, or build/NAME,
+ * which `npm test` builds (go build ./cmd/fenced ./cmd/fencectl) and which
  * is built here if missing.
  */
-function fencedBin(): string {
-  const env = process.env.FENCED_BIN;
-  if (env) return env;
-  const bin = join(PKG, "build", "fenced");
+function goBin(name: string, env: string): string {
+  const fromEnv = process.env[env];
+  if (fromEnv) return fromEnv;
+  const bin = join(PKG, "build", name);
   if (!existsSync(bin)) {
-    const r = spawnSync("go", ["build", "-o", bin, "./cmd/fenced"], { cwd: REPO, stdio: "inherit" });
-    if (r.status !== 0) throw new Error(`go build ./cmd/fenced failed (${r.status ?? r.signal})`);
+    const r = spawnSync("go", ["build", "-o", bin, `./cmd/${name}`], { cwd: REPO, stdio: "inherit" });
+    if (r.status !== 0) throw new Error(`go build ./cmd/${name} failed (${r.status ?? r.signal})`);
   }
   return bin;
+}
+
+/**
+ * installGuard runs `fencectl guard install url`: fence's guard inside
+ * PostgreSQL or Redis, as a user installs it. Installing again is harmless.
+ */
+export function installGuard(url: string): void {
+  const r = spawnSync(goBin("fencectl", "FENCECTL_BIN"), ["guard", "install", url], { encoding: "utf8", timeout: 60_000 });
+  if (r.status !== 0) throw new Error(`fencectl guard install failed (${r.status ?? r.signal}):\n${r.stdout}${r.stderr}`);
 }
 
 export interface Fenced {
@@ -48,7 +57,7 @@ export interface Fenced {
  */
 export async function startFenced(...args: string[]): Promise<Fenced> {
   const dir = mkdtempSync(join(tmpdir(), "fence-ts-"));
-  const child: ChildProcess = spawn(fencedBin(), ["--data-dir", join(dir, "data"), "--listen", "127.0.0.1:0", ...args], {
+  const child: ChildProcess = spawn(goBin("fenced", "FENCED_BIN"), ["--data-dir", join(dir, "data"), "--listen", "127.0.0.1:0", ...args], {
     stdio: ["ignore", "ignore", "pipe"],
   });
   let log = "";
@@ -91,7 +100,11 @@ export async function rpc(url: string, method: string, body: unknown): Promise<a
   return { status: res.status, body: await res.json() };
 }
 
-/** requireServer returns the named environment variable, or skips t (fails under CI=true) without it. */
+/**
+ * serverURL returns the named environment variable (FENCE_TEST_POSTGRES,
+ * FENCE_TEST_REDIS: make services' servers), or undefined to skip the tests
+ * that need it; under CI=true a missing server is an error instead.
+ */
 export function serverURL(name: string): string | undefined {
   const v = process.env[name];
   if (v) return v;

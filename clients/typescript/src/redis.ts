@@ -1,0 +1,83 @@
+// Fenced writes to Redis through fence's guard inside Redis: the Redis 7
+// function library that `fencectl guard install redis://...` loads
+// (guard/redisguard/fence.lua), called with FCALL. Its marks are where Go's
+// redisguard keeps them, so Go and TypeScript writers of a scope share one
+// mark. Works with ioredis (call) and node-redis (sendCommand); this module
+// imports neither.
+
+import { FenceError, InvalidError } from "./errors.js";
+import type { Lease } from "./client.js";
+import { presentedToken, staleFromFields, type Presented } from "./presented.js";
+
+/** RedisLike is an ioredis client (call) or a node-redis client (sendCommand). */
+export type RedisLike = { call(command: string, ...args: string[]): Promise<unknown> } | { sendCommand(args: string[]): Promise<unknown> };
+
+/** markKey is the key of a scope's mark: "fence:{SCOPE}", as Go's redisguard keeps it. */
+export function markKey(scope: string): string {
+  return `fence:{${scope}}`;
+}
+
+/**
+ * dataKey names a key of scope's data: "{SCOPE}:name". The guard writes only
+ * keys tagged with the scope they are fenced by (and in a Redis Cluster the
+ * tag keeps them in the mark's slot).
+ */
+export function dataKey(scope: string, name: string): string {
+  return `{${scope}}:${name}`;
+}
+
+/** RedisWriteOptions give a write's sequence number (1 to 2^64−1), ordering the writes of one token. */
+export interface RedisWriteOptions {
+  seq?: bigint;
+}
+
+/**
+ * redisSet is SET key value [options...] if the token is current for its
+ * scope, and advances the mark in the same function call. key must be a
+ * dataKey of the token's scope. A stale token throws a StaleError (and
+ * marks a Lease lost) and changes nothing.
+ */
+export function redisSet(redis: RedisLike, presented: Presented, key: string, value: string, options: string[] = [], opts: RedisWriteOptions = {}): Promise<unknown> {
+  return fcall(redis, "fence_set", presented, [key], [value, ...options], opts);
+}
+
+/** redisDel is DEL keys... if the token is current; see redisSet. */
+export function redisDel(redis: RedisLike, presented: Presented, keys: string[], opts: RedisWriteOptions = {}): Promise<unknown> {
+  return fcall(redis, "fence_del", presented, keys, [], opts);
+}
+
+/** redisHset is HSET key field value [field value ...] if the token is current; see redisSet. */
+export function redisHset(redis: RedisLike, presented: Presented, key: string, values: Record<string, string>, opts: RedisWriteOptions = {}): Promise<unknown> {
+  return fcall(redis, "fence_hset", presented, [key], Object.entries(values).flat(), opts);
+}
+
+/** redisIncrby is INCRBY key increment if the token is current; see redisSet. */
+export function redisIncrby(redis: RedisLike, presented: Presented, key: string, increment: bigint, opts: RedisWriteOptions = {}): Promise<unknown> {
+  return fcall(redis, "fence_incrby", presented, [key], [increment.toString()], opts);
+}
+
+async function fcall(redis: RedisLike, fn: string, presented: Presented, keys: string[], args: string[], opts: RedisWriteOptions): Promise<unknown> {
+  const { token, lease } = presentedToken(presented);
+  const cmd = [fn, String(keys.length + 1), markKey(token.scope), ...keys, token.value.toString(), (opts.seq ?? 0n).toString(), ...args];
+  try {
+    return "call" in redis ? await redis.call("FCALL", ...cmd) : await redis.sendCommand(["FCALL", ...cmd]);
+  } catch (err) {
+    throw redisError(err, lease);
+  }
+}
+
+/**
+ * redisError turns the library's error replies into this package's errors:
+ * "STALE scope=S presented_token=T highest_token=H presented_seq=Q
+ * highest_seq=R" and "ERR fence: ..." (bad arguments). Other errors pass
+ * unchanged.
+ */
+function redisError(err: unknown, lease: Lease | undefined): unknown {
+  if (err instanceof FenceError) return err;
+  const msg = String((err as Error)?.message ?? err);
+  if (msg.startsWith("ERR fence: ")) {
+    return new InvalidError("", msg, { cause: err });
+  }
+  if (!msg.startsWith("STALE ")) return err;
+  return staleFromFields(msg, lease);
+}
