@@ -56,10 +56,12 @@ func Install(ctx context.Context, db *sql.DB, d Dialect) error {
 	}
 	for _, st := range stmts {
 		if _, err := conn.ExecContext(ctx, st); err != nil {
+			// Leave neither a failed transaction nor the install lock on
+			// a connection going back to the pool.
 			if d == Postgres {
-				// Leave no failed transaction on a connection going back
-				// to the pool.
 				conn.ExecContext(ctx, "ROLLBACK")
+			} else {
+				conn.ExecContext(ctx, "DO RELEASE_LOCK('fence guard install')")
 			}
 			return fmt.Errorf("sqlguard: install the %s guard: %w", d, err)
 		}
