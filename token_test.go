@@ -44,12 +44,54 @@ func TestTokenTextRoundTrips(t *testing.T) {
 	}
 }
 
+// leaseHex and sig64 are well-formed fields of a signed token's text: a
+// lease ID (of the legacy v2 form) and 64 bytes in unpadded base64url.
+var (
+	leaseHex = "5f0c3a1e9b7d42c68e1f00a4b3c2d1e0"
+	sig64    = strings.Repeat("AAAA", 21) + "AA"
+)
+
+// TestSignedTokenText: a signed token is written in the v3 form, which
+// carries no lease ID, and its signature covers exactly the v3 payload. A
+// legacy v2 text still parses, prints back as it was and keeps its v2
+// payload, so tokens issued before v3 keep verifying.
+func TestSignedTokenText(t *testing.T) {
+	sig := string(make([]byte, 64))
+	v3 := fence.Token{Scope: "orders/a", Value: fence.MaxToken, KeyID: "k1", Sig: sig}
+	const v3Text = "fence:v3:orders/a:" + maxTokenText + ":k1:"
+	if got := v3.String(); got != v3Text+sig64 {
+		t.Errorf("String() = %q, want %q", got, v3Text+sig64)
+	}
+	if got, err := fence.ParseToken(v3Text + sig64); err != nil || got != v3 {
+		t.Errorf("ParseToken(v3) = %#v, %v; want %#v", got, err, v3)
+	}
+	if got, want := string(v3.SignedPayload()), "fence-token-v3\x00orders/a\x00"+maxTokenText; got != want {
+		t.Errorf("v3 SignedPayload() = %q, want %q", got, want)
+	}
+
+	v2Text := "fence:v2:orders/a:42:" + leaseHex + ":k1:" + sig64
+	v2, err := fence.ParseToken(v2Text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2.Scope != "orders/a" || v2.Value != 42 || v2.KeyID != "k1" || v2.Sig != sig || v2.String() != v2Text {
+		t.Errorf("ParseToken(v2) = %#v, printing as %q", v2, v2)
+	}
+	if got, want := string(v2.SignedPayload()), "fence-token-v2\x00orders/a\x0042\x00"+leaseHex; got != want {
+		t.Errorf("v2 SignedPayload() = %q, want %q", got, want)
+	}
+	// Without its signature a v2 token is the plain scope and value.
+	if got, want := v2.Unsigned(), (fence.Token{Scope: "orders/a", Value: 42}); got != want {
+		t.Errorf("v2 Unsigned() = %#v, want %#v", got, want)
+	}
+}
+
 func TestParseTokenRejects(t *testing.T) {
 	// What each kind of message must say is allowed.
 	const (
 		prefix  = `must start with "fence:"`
 		form    = "want fence:v1:SCOPE:VALUE"
-		version = "this build reads v1 and v2"
+		version = "this build reads v1, v2 and v3"
 		value   = "from 1 to " + maxTokenText
 		above   = "above the maximum " + maxTokenText
 		chars   = "allowed are ASCII letters, digits, '.', '_', '-' and '/'"
@@ -71,8 +113,16 @@ func TestParseTokenRejects(t *testing.T) {
 		{"version only", "fence:v1", "token", form},
 		{"no value", "fence:v1:a", "token", form},
 		{"nothing after the version", "fence:v1:", "token", form},
-		{"version 3", "fence:v3:a:1", "token", version},
+		{"version 4", "fence:v4:a:1", "token", version},
+		{"version 3 without its signature", "fence:v3:a:1", "token", "want fence:v3:SCOPE:VALUE:KEY_ID:SIGNATURE"},
+		{"version 3 with a lease ID", "fence:v3:a:1:" + leaseHex + ":k1:" + sig64, "token", "want fence:v3:SCOPE:VALUE:KEY_ID:SIGNATURE"},
+		{"version 3, bad key ID", "fence:v3:a:1:K1:" + sig64, "token", "key ID \"K1\" is not 1 to 32 of a-z, 0-9 and '-'"},
+		{"version 3, short signature", "fence:v3:a:1:k1:" + sig64[:84], "token", "is not 64 bytes in unpadded base64url"},
+		{"version 3, padded signature", "fence:v3:a:1:k1:" + sig64 + "==", "token", "is not 64 bytes in unpadded base64url"},
+		{"version 3, value 2^63", "fence:v3:a:9223372036854775808:k1:" + sig64, "token", above},
 		{"version 2 without its signature", "fence:v2:a:1", "token", "want fence:v2:SCOPE:VALUE:LEASE_ID:KEY_ID:SIGNATURE"},
+		{"version 2 without its lease ID", "fence:v2:a:1:k1:" + sig64, "token", "want fence:v2:SCOPE:VALUE:LEASE_ID:KEY_ID:SIGNATURE"},
+		{"version 2, zero lease ID", "fence:v2:a:1:" + strings.Repeat("0", 32) + ":k1:" + sig64, "token", "is not 32 hexadecimal digits of a lease"},
 		{"upper-case version", "fence:V1:a:1", "token", version},
 		{"empty version", "fence::a:1", "token", version},
 		{"version 1.0", "fence:v1.0:a:1", "token", version},
@@ -176,7 +226,8 @@ func TestLeaseFencingToken(t *testing.T) {
 func FuzzParseToken(f *testing.F) {
 	for _, s := range []string{
 		"fence:v1:orders:41", "fence:v1:a/b:" + maxTokenText, "fence:v1:a:9007199254740993", longestToken,
-		"fence:v2:a:1", "fence:v1:a:01", "fence:v1:a:+1", "fence:v1:a:9223372036854775808", "", "fence:v1:a:b:1",
+		"fence:v3:a:1:k1:" + sig64, "fence:v3:a:" + maxTokenText + ":k1:" + sig64, "fence:v2:a:1:" + leaseHex + ":k1:" + sig64,
+		"fence:v3:a:1:" + leaseHex + ":k1:" + sig64, "fence:v3:a:1", "fence:v2:a:1", "fence:v1:a:01", "fence:v1:a:+1", "fence:v1:a:9223372036854775808", "", "fence:v1:a:b:1",
 		"fence:v1:../a:1", "fence:v1:a\x00:1",
 	} {
 		f.Add(s)

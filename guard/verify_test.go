@@ -24,7 +24,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 	write := func(tok fence.Token) error {
 		return g.Fence(ctx, "orders", guard.Write{Token: tok}, func(context.Context) error { return nil })
 	}
-	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5, LeaseID: fence.NewLeaseID()})
+	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5})
 	if err := write(genuine); err != nil {
 		t.Fatalf("genuine token: %v", err)
 	}

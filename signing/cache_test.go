@@ -11,12 +11,12 @@ import (
 
 // signed returns a token of scope and value signed by k.
 func signed(k PrivateKey, scope string, value uint64) fence.Token {
-	return k.Sign(fence.Token{Scope: scope, Value: value, LeaseID: fence.NewLeaseID()})
+	return k.Sign(fence.Token{Scope: scope, Value: value})
 }
 
 // TestCachedTokenForgedSignature: once the genuine token has verified
-// (and is cached), the same scope, value, lease ID and key ID with other
-// signature bytes still fails.
+// (and is cached), the same scope, value and key ID with other signature
+// bytes still fails, and so does the same signature on the other form.
 func TestCachedTokenForgedSignature(t *testing.T) {
 	k := NewKey(time.Now())
 	set := NewKeySet(k.Public())
@@ -39,6 +39,7 @@ func TestCachedTokenForgedSignature(t *testing.T) {
 		"flipped bit":            forged,
 		"signed by another key":  other.Sign(good),
 		"higher value, same sig": func() fence.Token { t := good; t.Value = fence.MaxToken; return t }(),
+		"v2 with the v3 sig":     func() fence.Token { t := SignV2(k, "orders", 7, fence.NewLeaseID()); t.Sig = good.Sig; return t }(),
 	} {
 		if err := set.Verify(tok); !errors.Is(err, ErrBadSignature) {
 			t.Errorf("%s after the genuine token was cached: Verify = %v, want ErrBadSignature", name, err)

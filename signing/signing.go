@@ -2,8 +2,8 @@
 //
 // Under "the highest token accepted wins", a guard that believes any token
 // can be locked out of its resource by one forged token of 2^63−1. fenced
-// therefore signs every grant with Ed25519 over the scope, the token and
-// the lease ID (fence.Token.SignedPayload), and guards given the service's
+// therefore signs every grant with Ed25519 over the scope and the token
+// (fence.Token.SignedPayload), and guards given the service's
 // public keys refuse any token whose signature does not verify, before they
 // look at their high-water mark. A signature proves the token was issued by
 // the service for that scope; it does not make an old token new: ordering
@@ -49,10 +49,11 @@ func NewKey(now time.Time) PrivateKey {
 	return PrivateKey{ID: fmt.Sprintf("k%d-%x", now.Unix(), seed[:3]), Seed: seed}
 }
 
-// Sign returns t signed with k. t's lease ID must be set: it binds the
-// token to one grant.
+// Sign returns t signed with k, in the v3 form: the signature covers the
+// scope and value, which name one grant since each value of a scope is
+// granted once.
 func (k PrivateKey) Sign(t fence.Token) fence.Token {
-	t = fence.Token{Scope: t.Scope, Value: t.Value, LeaseID: t.LeaseID}
+	t = t.Unsigned()
 	t.KeyID = k.ID
 	t.Sig = string(ed25519.Sign(ed25519.NewKeyFromSeed(k.Seed), t.SignedPayload()))
 	return t
@@ -105,8 +106,8 @@ func (s *KeySet) Replace(keys []PublicKey) {
 // A guard sees the same token on every write of one lease, and an Ed25519
 // verification costs tens of microseconds, so Verify remembers the last
 // few thousand tokens whose signatures verified (verifiedCap). It only
-// skips the signature check for a token it has seen verify: same scope,
-// value, lease ID, key ID and signature bytes, under the same public key.
+// skips the signature check for a token it has seen verify: same signed
+// payload, key ID and signature bytes, under the same public key.
 // The key is looked up on every call, so a token that verified before
 // fails once its key is removed (Replace) or past NotAfter.
 func (s *KeySet) Verify(t fence.Token) error {
@@ -150,19 +151,18 @@ type verifiedCache struct {
 	cur, old map[verifiedKey]ed25519.PublicKey
 }
 
-// verifiedKey is everything a token's signature covers, plus the key ID
-// and the signature itself: a token that differs in any of them, a forged
+// verifiedKey is everything a token's signature covers (its signed
+// payload, which also tells a v2 token from a v3 one), plus the key ID and
+// the signature itself: a token that differs in any of them, a forged
 // signature included, is not the one that verified.
 type verifiedKey struct {
-	scope   string
-	value   uint64
-	leaseID fence.LeaseID
+	payload string
 	keyID   string
 	sig     string
 }
 
 func keyOf(t fence.Token) verifiedKey {
-	return verifiedKey{scope: t.Scope, value: t.Value, leaseID: t.LeaseID, keyID: t.KeyID, sig: t.Sig}
+	return verifiedKey{payload: string(t.SignedPayload()), keyID: t.KeyID, sig: t.Sig}
 }
 
 // has reports whether t verified under pub. The public key is compared

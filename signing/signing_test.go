@@ -3,6 +3,7 @@ package signing_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,8 +16,10 @@ func TestSignVerify(t *testing.T) {
 	other := signing.NewKey(time.Now())
 	other.ID = "k-other"
 	set := signing.NewKeySet(k.Public())
-	id := fence.NewLeaseID()
-	good := k.Sign(fence.Token{Scope: "orders", Value: 41, LeaseID: id})
+	good := k.Sign(fence.Token{Scope: "orders", Value: 41})
+	if !strings.HasPrefix(good.String(), "fence:v3:orders:41:"+k.ID+":") {
+		t.Fatalf("Sign made %q, want the v3 form", good)
+	}
 	if err := set.Verify(good); err != nil {
 		t.Fatalf("a token signed by a trusted key: %v", err)
 	}
@@ -32,8 +35,6 @@ func TestSignVerify(t *testing.T) {
 	inflated.Value = fence.MaxToken
 	foreign := good
 	foreign.Scope = "billing"
-	otherLease := good
-	otherLease.LeaseID = fence.NewLeaseID()
 	wrongKID := good
 	wrongKID.KeyID = "k-unknown"
 	flipped := good
@@ -43,7 +44,6 @@ func TestSignVerify(t *testing.T) {
 	for name, tok := range map[string]fence.Token{
 		"inflated value":        inflated,
 		"another scope":         foreign,
-		"another lease ID":      otherLease,
 		"unknown key":           wrongKID,
 		"flipped bit":           flipped,
 		"signed by another key": func() fence.Token { t := other.Sign(good); t.KeyID = k.ID; return t }(),
@@ -57,11 +57,38 @@ func TestSignVerify(t *testing.T) {
 	}
 }
 
+// TestV2StillVerifies: a token of the legacy v2 form, whose text and
+// signature carry the lease ID, verifies as before; the same token with
+// another lease ID, or re-written as v3 with the v2 signature, does not.
+func TestV2StillVerifies(t *testing.T) {
+	k := signing.NewKey(time.Now())
+	set := signing.NewKeySet(k.Public())
+	id := fence.NewLeaseID()
+	v2 := signing.SignV2(k, "orders", 41, id)
+	if !strings.HasPrefix(v2.String(), "fence:v2:orders:41:"+id.String()+":") {
+		t.Fatalf("SignV2 made %q, want the v2 form", v2)
+	}
+	if err := set.Verify(v2); err != nil {
+		t.Fatalf("a v2 token signed by a trusted key: %v", err)
+	}
+	otherLease, err := fence.ParseToken(strings.Replace(v2.String(), id.String(), fence.NewLeaseID().String(), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	asV3 := k.Sign(v2)
+	asV3.Sig = v2.Sig
+	for name, tok := range map[string]fence.Token{"another lease ID": otherLease, "v2 signature on v3": asV3} {
+		if err := set.Verify(tok); !errors.Is(err, signing.ErrBadSignature) {
+			t.Errorf("%s: Verify = %v, want ErrBadSignature", name, err)
+		}
+	}
+}
+
 func TestRetiredKeyVerifiesNothing(t *testing.T) {
 	k := signing.NewKey(time.Now())
 	pub := k.Public()
 	pub.NotAfter = time.Now().Add(-time.Second)
-	tok := k.Sign(fence.Token{Scope: "a", Value: 1, LeaseID: fence.NewLeaseID()})
+	tok := k.Sign(fence.Token{Scope: "a", Value: 1})
 	if err := signing.NewKeySet(pub).Verify(tok); !errors.Is(err, signing.ErrBadSignature) {
 		t.Fatalf("Verify with a retired key = %v, want ErrBadSignature", err)
 	}
@@ -81,7 +108,7 @@ func TestParseKeySet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := set.Verify(k.Sign(fence.Token{Scope: "a", Value: 1, LeaseID: fence.NewLeaseID()})); err != nil {
+	if err := set.Verify(k.Sign(fence.Token{Scope: "a", Value: 1})); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{``, `{}`, `{"keys":[]}`, `{"keys":[{"kid":"K!","public_key":"AAAA"}]}`, `{"keys":[{"kid":"k1","public_key":"AAAA"}]}`} {

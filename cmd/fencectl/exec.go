@@ -22,11 +22,13 @@ holds it. COMMAND gets fencectl's environment plus:
 
   FENCE_SCOPE        the scope
   FENCE_TOKEN        the fencing token's text form: signed by default,
-                     fence:v2:SCOPE:N:LEASE_ID:KEY_ID:SIGNATURE, or
+                     fence:v3:SCOPE:N:KEY_ID:SIGNATURE, or
                      fence:v1:SCOPE:N from a fenced run with
                      --sign-tokens=false
   FENCE_TOKEN_VALUE  the token's integer N
-  FENCE_LEASE_ID     the lease ID
+
+COMMAND does not get the lease ID: fencectl renews and releases the lease
+itself, and whoever knows the ID could release it under COMMAND's feet.
 
 Present the token with every write, so the resource can refuse writes from
 a holder that has lost its lease: guard/httpguard reads it from the
@@ -139,7 +141,6 @@ func (a *app) exec(ctx context.Context, c *client.Client, f *acquireFlags, scope
 		"FENCE_SCOPE="+scope,
 		"FENCE_TOKEN="+tok.String(),
 		"FENCE_TOKEN_VALUE="+strconv.FormatUint(tok.Value, 10),
-		"FENCE_LEASE_ID="+lease.ID().String(),
 	)
 	child.Stdin, child.Stdout, child.Stderr = a.stdin, a.stdout, a.stderr
 	setProcessGroup(child)
@@ -195,8 +196,8 @@ func (a *app) exec(ctx context.Context, c *client.Client, f *acquireFlags, scope
 				_ = signalGroup(pid, syscall.SIGKILL) // what is left of the group
 				_ = lease.Release(context.Background())
 				return &statusError{code: exitLeaseLost, name: "lease_lost", err: fmt.Errorf(
-					"exec: stopped %s (pid %d) with %s because its lease %s was lost: %w",
-					command[0], pid, stopped, lease.ID(), lost)}
+					"exec: stopped %s (pid %d) with %s because its lease was lost: %w",
+					command[0], pid, stopped, lost)}
 			}
 			if err := release(); err != nil {
 				fmt.Fprintf(a.stderr, "fencectl: warning: %s exited with status %d, but: %v\n", command[0], status, err)

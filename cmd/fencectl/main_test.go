@@ -442,8 +442,8 @@ func TestList(t *testing.T) {
 }
 
 // TestExecEnvironment runs a command that sees its lease in the
-// environment and, while it runs, in the service; the lease is released
-// when it exits.
+// environment (scope and token, not the lease ID) and, while it runs, in
+// the service; the lease is released when it exits.
 func TestExecEnvironment(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
@@ -461,8 +461,8 @@ func TestExecEnvironment(t *testing.T) {
 	if err != nil || tok.Scope != "exports" || strconv.FormatUint(tok.Value, 10) != f[2] {
 		t.Errorf("FENCE_TOKEN %q, FENCE_TOKEN_VALUE %q: %v", f[1], f[2], err)
 	}
-	if _, err := fence.ParseLeaseID(f[3]); err != nil {
-		t.Errorf("FENCE_LEASE_ID: %v", err)
+	if f[3] != "" {
+		t.Errorf("FENCE_LEASE_ID is %q; the command must not get the lease ID", f[3])
 	}
 	var during getOutput
 	if err := json.Unmarshal([]byte(lines[1]), &during); err != nil {
@@ -507,14 +507,13 @@ func TestExecExitStatus(t *testing.T) {
 }
 
 // startExec starts fencectl exec in the background with a command that
-// writes "PID LEASE_ID" to a file and then runs body in its place; it
-// returns the command, a channel closed at its exit, and the child's PID
-// and lease ID once written.
-func (s *fenced) startExec(t *testing.T, args []string, body string) (*exec.Cmd, *bytes.Buffer, <-chan struct{}, int, string) {
+// writes its PID to a file and then runs body in its place; it returns the
+// command, a channel closed at its exit, and the child's PID once written.
+func (s *fenced) startExec(t *testing.T, args []string, body string) (*exec.Cmd, *bytes.Buffer, <-chan struct{}, int) {
 	t.Helper()
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	script := fmt.Sprintf(`echo "$$ $FENCE_LEASE_ID" > %s.tmp && mv %s.tmp %s; %s`, pidFile, pidFile, pidFile, body)
+	script := fmt.Sprintf(`echo "$$" > %s.tmp && mv %s.tmp %s; %s`, pidFile, pidFile, pidFile, body)
 	cmd := s.command(ctx, append(append(args, "--"), "sh", "-c", script)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -537,11 +536,10 @@ func (s *fenced) startExec(t *testing.T, args []string, body string) (*exec.Cmd,
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		b, err := os.ReadFile(pidFile)
 		if err == nil {
-			var id string
-			if _, err := fmt.Sscan(string(b), &pid, &id); err != nil {
+			if _, err := fmt.Sscan(string(b), &pid); err != nil {
 				t.Fatalf("pid file %q: %v", b, err)
 			}
-			return cmd, &stderr, done, pid, id
+			return cmd, &stderr, done, pid
 		}
 		select {
 		case <-done:
@@ -626,7 +624,7 @@ func TestExecLeaseLost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := startFenced(t)
-			cmd, stderr, done, pid, id := s.startExec(t,
+			cmd, stderr, done, pid := s.startExec(t,
 				[]string{"exec", "lost", "--holder", "x", "--ttl", "1s", "--grace", "300ms"}, tc.body)
 
 			if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -641,7 +639,7 @@ func TestExecLeaseLost(t *testing.T) {
 			if code := cmd.ProcessState.ExitCode(); code != exitLeaseLost {
 				t.Errorf("exit status %d, want %d (lease lost)\nstderr: %s", code, exitLeaseLost, stderr)
 			}
-			wantStderr(t, result{stderr: stderr.String()}, `lease on "lost" with token 1 is lost`, id, tc.stopped)
+			wantStderr(t, result{stderr: stderr.String()}, `lease on "lost" with token 1 is lost`, tc.stopped)
 			if !gone(pid) {
 				t.Errorf("the command, pid %d, is still running", pid)
 			}
@@ -665,7 +663,7 @@ func TestExecForwardsSignals(t *testing.T) {
 	s := startFenced(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		scope := "fwd-" + strconv.Itoa(int(sig))
-		cmd, stderr, done, pid, _ := s.startExec(t, []string{"exec", scope}, "exec sleep 60")
+		cmd, stderr, done, pid := s.startExec(t, []string{"exec", scope}, "exec sleep 60")
 		if err := cmd.Process.Signal(sig); err != nil {
 			t.Fatal(err)
 		}
@@ -782,7 +780,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	r = s.want(t, 0, "exec", "--help")
-	for _, want := range []string{"FENCE_TOKEN_VALUE", "FENCE_LEASE_ID", "status 4", "--grace"} {
+	for _, want := range []string{"FENCE_TOKEN_VALUE", "does not get the lease ID", "status 4", "--grace"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("fencectl exec --help lacks %q", want)
 		}

@@ -16,11 +16,10 @@ import (
 
 // verifyJSON is token verify's -o json output.
 type verifyJSON struct {
-	Valid   bool   `json:"valid"`
-	Scope   string `json:"scope"`
-	Token   uint64 `json:"token"`
-	LeaseID string `json:"lease_id"`
-	KeyID   string `json:"key_id"`
+	Valid bool   `json:"valid"`
+	Scope string `json:"scope"`
+	Token uint64 `json:"token"`
+	KeyID string `json:"key_id"`
 }
 
 func (a *app) newTokenCmd() *cobra.Command {
@@ -39,14 +38,15 @@ func (a *app) newTokenVerifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify TOKEN",
 		Short: "Check a token's signature against the service's public keys",
-		Long: `Verify checks that TOKEN (the text form, fence:v2:...) is signed by the
+		Long: `Verify checks that TOKEN (the text form, fence:v3:...) is signed by the
 service: by one of the public keys it serves at /keys (fetched from --addr),
 or of a key file given with --keys (the same JSON). It exits 0 for a valid
 signature, 1 for a token that does not verify (forged, altered, unsigned,
 or signed by a key retired or unknown), 2 for text that is not a token.
 
 A valid signature proves the service issued that token for that scope and
-lease; whether it is still the newest is for the guard to decide.`,
+value; whether it is still the newest is for the guard to decide. Tokens
+of the older signed form, fence:v2:..., verify too.`,
 		Example: `  fencectl token verify "$FENCE_TOKEN"
   fencectl token verify "$FENCE_TOKEN" --keys keys.json -o json`,
 		Args: exactArgs("TOKEN"),
@@ -67,9 +67,9 @@ lease; whether it is still the newest is for the guard to decide.`,
 			if err := keys.Verify(tok); err != nil {
 				return &statusError{code: exitError, name: "invalid_signature", err: err}
 			}
-			out := verifyJSON{Valid: true, Scope: tok.Scope, Token: tok.Value, LeaseID: tok.LeaseID.String(), KeyID: tok.KeyID}
+			out := verifyJSON{Valid: true, Scope: tok.Scope, Token: tok.Value, KeyID: tok.KeyID}
 			return a.emit(out, func(w io.Writer) {
-				fmt.Fprintf(w, "valid: %s token %d, lease %s, signed by key %s\n", tok.Scope, tok.Value, tok.LeaseID, tok.KeyID)
+				fmt.Fprintf(w, "valid: %s token %d, signed by key %s\n", tok.Scope, tok.Value, tok.KeyID)
 			})
 		}),
 	}

@@ -13,7 +13,8 @@ import (
 )
 
 // TestTokenVerify acquires from a signing fenced and checks its token with
-// fencectl token verify: the token verifies against the service's keys and
+// fencectl token verify: the token is of the v3 form, without the lease ID,
+// and verify prints no lease ID; it verifies against the service's keys and
 // against a saved key file; an altered, an unsigned and a malformed token
 // do not; rotate-key publishes a new key that signs later, and meanwhile
 // new grants carry the old key, and the old token still verifies.
@@ -22,13 +23,16 @@ func TestTokenVerify(t *testing.T) {
 	var l leaseOutput
 	s.wantJSON(t, 0, &l, "acquire", "orders", "--holder", "a")
 	tok, err := fence.ParseToken(l.TokenText)
-	if err != nil || !tok.Signed() || tok.Value != l.Token || tok.LeaseID.String() != l.LeaseID {
-		t.Fatalf("token_text %q of lease %+v: %+v, %v; want a signed token of this lease", l.TokenText, l, tok, err)
+	if err != nil || !tok.Signed() || tok.Value != l.Token || !strings.HasPrefix(l.TokenText, "fence:v3:") || strings.Contains(l.TokenText, l.LeaseID) {
+		t.Fatalf("token_text %q of lease %+v: %+v, %v; want a signed v3 token of this lease, without its ID", l.TokenText, l, tok, err)
 	}
 	var v verifyJSON
-	s.wantJSON(t, 0, &v, "token", "verify", l.TokenText)
-	if !v.Valid || v.Scope != "orders" || v.Token != l.Token || v.KeyID != tok.KeyID {
-		t.Errorf("verify = %+v", v)
+	r := s.wantJSON(t, 0, &v, "token", "verify", l.TokenText)
+	if !v.Valid || v.Scope != "orders" || v.Token != l.Token || v.KeyID != tok.KeyID || strings.Contains(r.stdout, "lease") {
+		t.Errorf("verify = %+v (%s)", v, r.stdout)
+	}
+	if r := s.want(t, 0, "token", "verify", l.TokenText, "-o", "text"); strings.Contains(r.stdout, "lease") {
+		t.Errorf("verify -o text: %s", r.stdout)
 	}
 
 	keys := filepath.Join(t.TempDir(), "keys.json")
@@ -41,7 +45,7 @@ func TestTokenVerify(t *testing.T) {
 
 	inflated := tok
 	inflated.Value = fence.MaxToken
-	r := s.want(t, 1, "token", "verify", inflated.String())
+	r = s.want(t, 1, "token", "verify", inflated.String())
 	if !strings.Contains(r.stderr, "does not verify") {
 		t.Errorf("an inflated token: %v", r)
 	}
@@ -50,6 +54,7 @@ func TestTokenVerify(t *testing.T) {
 		t.Errorf("an unsigned token: %v", r)
 	}
 	s.want(t, 2, "token", "verify", "fence:v2:orders:1")
+	s.want(t, 2, "token", "verify", "fence:v3:orders:1")
 
 	// rotate-key publishes the new key and says when it starts to sign
 	// (fenced's --key-publish-delay, 5m by default, later); until then new

@@ -93,8 +93,8 @@ func TestReadmeTour(t *testing.T) {
 	}
 	// The last line is the exec: its command saw a signed token of the
 	// third grant.
-	if !strings.Contains(lines[len(lines)-1], "exec") || !strings.HasPrefix(last.stdout, "I hold fence:v2:orders:3:") {
-		t.Errorf("the tour's exec printed %q, want I hold fence:v2:orders:3:...", last.stdout)
+	if !strings.Contains(lines[len(lines)-1], "exec") || !strings.HasPrefix(last.stdout, "I hold fence:v3:orders:3:") {
+		t.Errorf("the tour's exec printed %q, want I hold fence:v3:orders:3:...", last.stdout)
 	}
 }
 
@@ -159,7 +159,7 @@ func TestExecHelpClaims(t *testing.T) {
 	for _, tc := range []struct {
 		version, signFlag string
 	}{
-		{"v2", "--sign-tokens=true"},
+		{"v3", "--sign-tokens=true"},
 		{"v1", "--sign-tokens=false"},
 	} {
 		t.Run(tc.version, func(t *testing.T) {
@@ -170,19 +170,19 @@ func TestExecHelpClaims(t *testing.T) {
 			}
 			s := startFenced(t, tc.signFlag)
 			r := s.want(t, 0, "exec", "help/"+tc.version, "--", "sh", "-c",
-				`printf '%s\n' "$FENCE_TOKEN" "$FENCE_TOKEN_VALUE" "$FENCE_LEASE_ID"`)
+				`printf '%s\n' "$FENCE_TOKEN" "$FENCE_TOKEN_VALUE"`)
 			env := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
-			if len(env) != 3 {
-				t.Fatalf("want three lines\n%v", r)
+			if len(env) != 2 {
+				t.Fatalf("want two lines\n%v", r)
 			}
-			if re := formRegexp(form, "help/"+tc.version, env[1], env[2]); !re.MatchString(env[0]) {
+			if re := formRegexp(form, "help/"+tc.version, env[1]); !re.MatchString(env[0]) {
 				t.Errorf("FENCE_TOKEN %q does not have the documented form %s (%s)", env[0], form, re)
 			}
 
 			// httpguard takes FENCE_TOKEN whole from the header the help
 			// names, and a verifier with fenced's keys takes a signed one.
 			var opts []guard.Option
-			if tc.version == "v2" {
+			if tc.version == "v3" {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				keys, err := signing.Fetch(ctx, nil, s.addr)
@@ -214,10 +214,10 @@ func TestExecHelpClaims(t *testing.T) {
 }
 
 // formRegexp turns a documented form such as
-// fence:v2:SCOPE:N:LEASE_ID:KEY_ID:SIGNATURE into a pattern that the
+// fence:v3:SCOPE:N:KEY_ID:SIGNATURE into a pattern that the
 // known fields must match exactly.
-func formRegexp(form, scope, value, leaseID string) *regexp.Regexp {
-	known := map[string]string{"SCOPE": scope, "N": value, "TOKEN": value, "VALUE": value, "LEASE_ID": leaseID}
+func formRegexp(form, scope, value string) *regexp.Regexp {
+	known := map[string]string{"SCOPE": scope, "N": value, "TOKEN": value, "VALUE": value}
 	parts := strings.Split(form, ":")
 	for i, p := range parts {
 		if v, ok := known[p]; ok {

@@ -31,6 +31,9 @@ func TestParseEnvAndFlags(t *testing.T) {
 	if cfg.MaxLeasesPerIdentity <= 0 || cfg.MaxWaitersPerIdentity <= 0 {
 		t.Errorf("max leases per identity %d, max waiters per identity %d: want limits by default", cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
 	}
+	if cfg.MaxConns <= 0 || cfg.MaxConnsPerAddr <= 0 || cfg.MaxConnsPerAddr > cfg.MaxConns || cfg.ReadTimeout <= 0 {
+		t.Errorf("max conns %d, per address %d, read timeout %v: want limits by default, the one per address within the other", cfg.MaxConns, cfg.MaxConnsPerAddr, cfg.ReadTimeout)
+	}
 }
 
 func TestParseRejectsBadInput(t *testing.T) {
@@ -48,6 +51,10 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"extra"}, want: "unexpected argument"},
 		{args: []string{"--max-leases-per-identity", "-1"}, want: "max leases per identity -1 is negative"},
 		{args: []string{"--max-waiters-per-identity", "-5"}, want: "max waiters per identity -5 is negative"},
+		{args: []string{"--max-conns", "-1"}, want: "max conns -1 is negative"},
+		{args: []string{"--max-conns", "100", "--max-conns-per-addr", "200"}, want: "max conns per address 200 is above max conns 100"},
+		{args: []string{"--max-conns", "1000000000"}, want: "above the process's open-file limit"},
+		{args: []string{"--read-timeout", "-1s"}, want: "read timeout -1s is negative"},
 		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
 	} {
 		if tc.env[0] != "" {

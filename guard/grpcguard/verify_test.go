@@ -31,7 +31,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 		return put(metadata.AppendToOutgoingContext(context.Background(), grpcguard.TokenKey, tok.String()), c, "x")
 	}
 
-	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5, LeaseID: fence.NewLeaseID()})
+	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5})
 	if err := write(genuine); err != nil || reg.calls.Load() != 1 || store.Highest("orders").Token != 5 {
 		t.Fatalf("genuine token: %v, handler ran %d times, mark %d; want accepted, once, 5", err, reg.calls.Load(), store.Highest("orders").Token)
 	}

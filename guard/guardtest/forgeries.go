@@ -19,8 +19,8 @@ func Forgeries(key signing.PrivateKey, genuine fence.Token, other string) map[st
 	return map[string]fence.Token{
 		"unsigned":              {Scope: genuine.Scope, Value: fence.MaxToken},
 		"inflated":              inflated,
-		"signed by another key": signing.NewKey(time.Now()).Sign(fence.Token{Scope: genuine.Scope, Value: fence.MaxToken, LeaseID: genuine.LeaseID}),
+		"signed by another key": signing.NewKey(time.Now()).Sign(fence.Token{Scope: genuine.Scope, Value: fence.MaxToken}),
 		"re-labelled":           relabelled,
-		"of another scope":      key.Sign(fence.Token{Scope: other, Value: fence.MaxToken, LeaseID: fence.NewLeaseID()}),
+		"of another scope":      key.Sign(fence.Token{Scope: other, Value: fence.MaxToken}),
 	}
 }

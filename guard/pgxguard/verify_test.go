@@ -45,7 +45,7 @@ func TestVerifierKeepsMark(t *testing.T) {
 		}
 		return m.Token, rows
 	}
-	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5, LeaseID: fence.NewLeaseID()})
+	genuine := key.Sign(fence.Token{Scope: "orders", Value: 5})
 	for how, write := range writes {
 		if err := write(genuine); err != nil {
 			t.Fatalf("%s of the genuine token: %v", how, err)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +70,18 @@ type Config struct {
 	// MaxWaitersPerIdentity bounds the acquires with wait one identity, or
 	// with auth off one holder name, has under way at once (0: none).
 	MaxWaitersPerIdentity int
+	// MaxConns bounds the API connections open at once, and
+	// MaxConnsPerAddr those from one remote IP address; a connection
+	// beyond either is closed as soon as it is accepted. 0 means the
+	// default: three quarters of the process's open-file limit
+	// (RLIMIT_NOFILE), and 1024 per address (or MaxConns if lower).
+	MaxConns, MaxConnsPerAddr int
+	// ReadTimeout bounds the reading of a whole request, its body included
+	// (over HTTP/2: of each stream's headers and body), from the end of
+	// its headers; a request whose body is still coming in then fails,
+	// and its connection is closed (0: 30s). A watch or a waiting acquire
+	// sends its whole request at once and then lasts as long as it needs.
+	ReadTimeout time.Duration
 	// WriteTimeout cuts off a client that stops reading its answers: a
 	// write of an answer that waits this long resets the stream (0: 30s).
 	WriteTimeout time.Duration
@@ -97,6 +110,9 @@ func DefaultConfig() Config {
 		// on many scopes at once.
 		MaxLeasesPerIdentity:  100_000,
 		MaxWaitersPerIdentity: 1000,
+		MaxConns:              defaultMaxConns(openFilesLimit()),
+		MaxConnsPerAddr:       min(defaultMaxConnsPerAddr, defaultMaxConns(openFilesLimit())),
+		ReadTimeout:           defaultReadTimeout,
 		KeyGrace:              24 * time.Hour,
 		KeyPublishDelay:       5 * time.Minute,
 		Logger:                slog.Default(),
@@ -134,6 +150,9 @@ func (c Config) Validate() error {
 	if c.KeyPublishDelay < 0 || c.KeyPublishDelay > fsm.MaxKeyDelay {
 		return fmt.Errorf("key publish delay %v: want 0 (a new key signs at once) to %v", c.KeyPublishDelay, fsm.MaxKeyDelay)
 	}
+	if err := c.validateConns(); err != nil {
+		return err
+	}
 	if c.MaxLeasesPerIdentity < 0 {
 		return fmt.Errorf("max leases per identity %d is negative; want 0 (no limit) or more", c.MaxLeasesPerIdentity)
 	}
@@ -163,6 +182,48 @@ func (c Config) Validate() error {
 		}
 	} else if err := validateHostPort("advertise", c.Advertise); err != nil {
 		return err
+	}
+	return nil
+}
+
+const (
+	defaultReadTimeout     = 30 * time.Second
+	defaultMaxConnsPerAddr = 1024
+	// assumedOpenFiles stands for the open-file limit where it cannot be
+	// read.
+	assumedOpenFiles = 20_000
+)
+
+// defaultMaxConns is three quarters of the open-file limit: the rest is
+// for the Raft log, snapshots, the connections to peers, and a margin.
+func defaultMaxConns(openFiles uint64) int {
+	if openFiles == 0 {
+		openFiles = assumedOpenFiles
+	}
+	return int(min(openFiles, 1<<24) / 4 * 3)
+}
+
+// connLimits returns the connection limits, defaults filled in.
+func (c Config) connLimits() (total, perAddr int) {
+	total = cmp.Or(c.MaxConns, defaultMaxConns(openFilesLimit()))
+	return total, cmp.Or(c.MaxConnsPerAddr, min(defaultMaxConnsPerAddr, total))
+}
+
+func (c Config) validateConns() error {
+	switch {
+	case c.MaxConns < 0:
+		return fmt.Errorf("max conns %d is negative; want 1 or more, or 0 for the default (3/4 of the open-file limit)", c.MaxConns)
+	case c.MaxConnsPerAddr < 0:
+		return fmt.Errorf("max conns per address %d is negative; want 1 or more, or 0 for the default (1024)", c.MaxConnsPerAddr)
+	case c.ReadTimeout < 0:
+		return fmt.Errorf("read timeout %v is negative; want a positive duration, or 0 for the default (%v)", c.ReadTimeout, defaultReadTimeout)
+	}
+	total, perAddr := c.connLimits()
+	if files := openFilesLimit(); files > 0 && uint64(total) > files {
+		return fmt.Errorf("max conns %d is above the process's open-file limit of %d (RLIMIT_NOFILE): connections past it would fail with \"too many open files\"; raise the limit (ulimit -n) or lower max conns", total, files)
+	}
+	if perAddr > total {
+		return fmt.Errorf("max conns per address %d is above max conns %d; want at most %d", perAddr, total, total)
 	}
 	return nil
 }

@@ -402,7 +402,7 @@ func (s *Server) lease(scope string, l fsm.Lease, withID bool) *fencev1.Lease {
 		ExpiresIn: s.lessor.Left(scope, l.Token, time.Now()),
 	}
 	if withID {
-		fl.Signed = s.sign(fence.Token{Scope: scope, Value: l.Token, LeaseID: l.ID})
+		fl.Signed = s.sign(fence.Token{Scope: scope, Value: l.Token})
 	}
 	var granted time.Time
 	if l.GrantedAt != 0 {

@@ -114,6 +114,8 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	s.ln = ln
+	total, perAddr := cfg.connLimits()
+	ln = limitConns(ln, total, perAddr, s.log)
 	var raftTLS *tls.Config
 	if cfg.RaftListen != "" {
 		if raftTLS, err = cfg.TLS.raftConfig(); err != nil {
@@ -174,12 +176,16 @@ func Start(cfg Config) (*Server, error) {
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
 	s.routes(mux)
 	s.http = &http.Server{
-		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), s.authenticate(s.forward(mux))),
+		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), guardBodies(maxRequestBytes, s.authenticate(s.forward(mux)))),
 		ConnContext:       authz.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		Protocols:         new(http.Protocols),
-		IdleTimeout:       5 * time.Minute,
+		// The whole request, body included: over HTTP/1 of the connection,
+		// over HTTP/2 of each stream (guardBodies then closes the
+		// connection).
+		ReadTimeout:    cmp.Or(cfg.ReadTimeout, defaultReadTimeout),
+		MaxHeaderBytes: 64 << 10,
+		Protocols:      new(http.Protocols),
+		IdleTimeout:    5 * time.Minute,
 		// Besides cutSlowReaders' per-answer deadline: close a connection
 		// nothing can be written to, and ping idle ones.
 		HTTP2: &http.HTTP2Config{

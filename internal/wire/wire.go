@@ -217,8 +217,9 @@ func LeaseFrom(p *fencev1.Lease) fence.Lease {
 		TTL:       p.Ttl.AsDuration(),
 		ExpiresIn: p.ExpiresIn.AsDuration(),
 	}
-	// A signed text form is kept only if it is the token of this very lease.
-	if t, err := fence.ParseToken(p.TokenText); err == nil && t.Signed() && t.Scope == l.Scope && t.Value == l.Token && t.LeaseID == l.ID {
+	// A signed text form is kept only if it is the token of this very lease:
+	// a scope's value is granted once, so scope and value identify it.
+	if t, err := fence.ParseToken(p.TokenText); err == nil && t.Signed() && t.Scope == l.Scope && t.Value == l.Token {
 		l.Signed = t
 	}
 	return l

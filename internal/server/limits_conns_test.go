@@ -1,0 +1,293 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
+	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+)
+
+// The attackers dial from loopback addresses of their own (Linux routes
+// all of 127.0.0.0/8 to lo), as other machines would; the ordinary client
+// dials from 127.0.0.1.
+
+func dialFrom(t testing.TB, from, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial from %s: %v", from, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// h2Hello opens an HTTP/2 connection as an idle client does (the preface
+// and SETTINGS, then nothing) and reports whether the server answered with
+// its SETTINGS (kept) or closed the connection (refused).
+func h2Hello(c net.Conn) (kept bool) {
+	fr := http2.NewFramer(c, c)
+	c.Write([]byte(http2.ClientPreface))
+	fr.WriteSettings()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	_, err := fr.ReadFrame()
+	return err == nil
+}
+
+// acquireLatencies times n ordinary acquires (and releases), each of which
+// must succeed within its own 10 s context.
+func acquireLatencies(t *testing.T, rpc fencev1connect.LeaseServiceClient, name string, n int) []time.Duration {
+	t.Helper()
+	var ds []time.Duration
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: fmt.Sprint("ordinary/", i), Holder: "ordinary"}))
+		ds = append(ds, time.Since(start))
+		if err != nil {
+			cancel()
+			t.Fatalf("%s: an ordinary acquire: %v", name, err)
+		}
+		_, err = rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: r.Msg.Lease.Scope, LeaseId: r.Msg.Lease.LeaseId}))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(ds)
+	t.Logf("%s: %d acquires, median %v, max %v", name, n, ds[n/2].Round(10*time.Microsecond), ds[n-1].Round(10*time.Microsecond))
+	return ds
+}
+
+// TestConnectionLimits: connections from one address beyond
+// MaxConnsPerAddr, and any beyond MaxConns, are closed as soon as
+// accepted, while an ordinary client's acquires go on being served; once
+// the attackers leave, their places are free again.
+func TestConnectionLimits(t *testing.T) {
+	const perAddr, total = 100, 250
+	s := startWith(t, func(c *Config) { c.MaxConns, c.MaxConnsPerAddr = total, perAddr })
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	acquireLatencies(t, rpc, "before", 50) // also opens the client's one connection
+
+	// One address opens half again as many idle connections as it may.
+	var attack []net.Conn
+	for i := range perAddr * 3 / 2 {
+		c := dialFrom(t, "127.0.0.2", s.Addr())
+		if kept := h2Hello(c); kept != (i < perAddr) {
+			t.Fatalf("idle connection %d from one address: kept %v, want %v (the limit per address is %d)", i, kept, i < perAddr, perAddr)
+		}
+		attack = append(attack, c)
+	}
+	acquireLatencies(t, rpc, "during an idle-connection flood from one address", 50)
+
+	// Other addresses fill the server: 1 + 100 open, 149 more fit.
+	for i := range total - 1 - perAddr {
+		c := dialFrom(t, fmt.Sprint("127.0.0.", 3+i/perAddr), s.Addr())
+		if !h2Hello(c) {
+			t.Fatalf("connection %d of %d: refused below the server's limit", 1+perAddr+i+1, total)
+		}
+		attack = append(attack, c)
+	}
+	if h2Hello(dialFrom(t, "127.0.0.9", s.Addr())) {
+		t.Fatalf("a connection beyond the server's limit of %d was kept", total)
+	}
+	acquireLatencies(t, rpc, "with every connection taken, on the client's own", 50)
+
+	for _, c := range attack {
+		c.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); !h2Hello(dialFrom(t, "127.0.0.9", s.Addr())); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the attackers' places were not given back once they closed")
+		}
+	}
+}
+
+// slowSender sends one request on a connection of its own a byte at a
+// time, and reports, once the server closes the connection, whether the
+// server said GOAWAY first.
+type slowSender struct {
+	c       net.Conn
+	closed  chan struct{}
+	goAway  bool
+	readErr error
+}
+
+func sendSlowly(t *testing.T, from, addr string, h2 bool) *slowSender {
+	c := dialFrom(t, from, addr)
+	s := &slowSender{c: c, closed: make(chan struct{})}
+	var mu sync.Mutex // the framer's writes
+	fr := http2.NewFramer(c, c)
+	var send func() error
+	if h2 {
+		var hb bytes.Buffer
+		enc := hpack.NewEncoder(&hb)
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
+			{":path", fencev1connect.LeaseServiceAcquireProcedure}, {"content-type", "application/json"}} {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		c.Write([]byte(http2.ClientPreface))
+		fr.WriteSettings()
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
+		send = func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			return fr.WriteData(1, false, []byte(" "))
+		}
+	} else {
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n", fencev1connect.LeaseServiceAcquireProcedure, addr)
+		send = func() error { _, err := c.Write([]byte(" ")); return err }
+	}
+	go func() {
+		for send() == nil {
+			select {
+			case <-s.closed:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	go func() {
+		defer close(s.closed)
+		if !h2 {
+			_, s.readErr = io.Copy(io.Discard, c)
+			return
+		}
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				s.readErr = err
+				return
+			}
+			switch f := f.(type) {
+			case *http2.GoAwayFrame:
+				s.goAway = true
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					mu.Lock()
+					fr.WriteSettingsAck()
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// TestSlowBodies: requests whose bodies come a byte at a time fail once
+// the read timeout passes, and their connections are closed (HTTP/2: after
+// a GOAWAY), while ordinary acquires are served; a watch quiet for longer
+// than the timeout, and an acquire that waits longer, are not cut.
+func TestSlowBodies(t *testing.T) {
+	const readTimeout = time.Second
+	s := startWith(t, func(c *Config) { c.ReadTimeout = readTimeout })
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acquireLatencies(t, rpc, "before", 50)
+
+	watch, err := rpc.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "quiet/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	if !watch.Receive() {
+		t.Fatal(watch.Err())
+	}
+	held, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "waited", Holder: "first"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "waited", Holder: "patient", Wait: true}))
+		waited <- err
+	}()
+
+	// 200 connections, as in the probe that found this, a fifth HTTP/1.1.
+	var senders []*slowSender
+	for i := range 200 {
+		senders = append(senders, sendSlowly(t, "127.0.0.2", s.Addr(), i%5 != 0))
+	}
+	acquireLatencies(t, rpc, "during 200 slow bodies", 50)
+	for i, sl := range senders {
+		select {
+		case <-sl.closed:
+		case <-time.After(20 * readTimeout):
+			t.Fatalf("slow sender %d: its connection is still open %v after its read timeout of %v", i, 20*readTimeout, readTimeout)
+		}
+		if h2 := i%5 != 0; h2 && !sl.goAway {
+			t.Errorf("slow sender %d: its HTTP/2 connection closed (%v) without a GOAWAY", i, sl.readErr)
+		}
+	}
+
+	// The wait and the watch outlived the read timeout: both still work.
+	if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "waited", LeaseId: held.Msg.Lease.LeaseId})); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("an acquire that waited past the read timeout: %v", err)
+	}
+	if _, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "quiet/a", Holder: "h"})); err != nil {
+		t.Fatal(err)
+	}
+	for watch.Receive() && len(watch.Msg().Events) == 0 {
+	}
+	if watch.Err() != nil || len(watch.Msg().Events) == 0 || watch.Msg().Events[0].Scope != "quiet/a" {
+		t.Fatalf("a watch quiet for longer than the read timeout: %v, %v; want the grant of quiet/a", watch.Msg(), watch.Err())
+	}
+}
+
+// TestOversizedBodyIs413: a request body above the limit is answered 413,
+// whether its length was announced or not, over HTTP/1.1 and HTTP/2,
+// still with Connect's resource_exhausted in the body; a limit of leases
+// stays 429, a request that may succeed later.
+func TestOversizedBodyIs413(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.MaxLeasesPerIdentity = 1 })
+	huge := `{"scope":"` + strings.Repeat("a", maxRequestBytes) + `"}`
+	post := func(client *http.Client, body io.Reader) (int, string) {
+		t.Helper()
+		resp, err := client.Post("http://"+s.Addr()+fencev1connect.LeaseServiceAcquireProcedure, "application/json", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+	}{{"HTTP/1.1", http.DefaultClient}, {"HTTP/2", h2cClient(0)}} {
+		for _, length := range []bool{true, false} {
+			body := io.Reader(strings.NewReader(huge))
+			if !length {
+				body = io.MultiReader(body) // hides the length: chunked, or no content-length
+			}
+			code, msg := post(c.client, body)
+			if code != http.StatusRequestEntityTooLarge || !strings.Contains(msg, `"resource_exhausted"`) {
+				t.Errorf("%s, length given %v: %d %.200s; want 413 and resource_exhausted", c.name, length, code, msg)
+			}
+		}
+	}
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		if code, msg := post(http.DefaultClient, strings.NewReader(fmt.Sprintf(`{"scope":"s/%d","holder":"one"}`, i))); code != want {
+			t.Errorf("acquire %d of a holder allowed 1 lease: %d %.200s; want %d", i+1, code, msg, want)
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package server
+
+import (
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// connLimiter is a listener that keeps at most total connections open, and
+// at most perAddr from one remote IP address. A connection beyond either
+// limit is accepted and closed at once, rather than left in the kernel's
+// backlog as netutil.LimitListener would: the client learns at once, and
+// the backlog stays free for the clients the limits are there to serve.
+// With the total a fraction of the process's file descriptors, fenced keeps
+// descriptors for its Raft log, snapshots and peers whatever comes in.
+type connLimiter struct {
+	net.Listener
+	total, perAddr int
+	log            *slog.Logger
+
+	mu      sync.Mutex
+	open    int
+	byAddr  map[netip.Addr]int
+	logged  time.Time // when a refusal was last logged
+	refused int       // refusals since then
+}
+
+func limitConns(ln net.Listener, total, perAddr int, log *slog.Logger) *connLimiter {
+	return &connLimiter{Listener: ln, total: total, perAddr: perAddr, log: log, byAddr: make(map[netip.Addr]int)}
+}
+
+// Accept returns the next connection within the limits, closing the ones
+// beyond them.
+func (l *connLimiter) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		addr := remoteIP(c)
+		if why := l.admit(addr); why != "" {
+			c.Close()
+			l.logRefusal(addr, why)
+			continue
+		}
+		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.release(addr) })}, nil
+	}
+}
+
+// admit counts a new connection from addr, or says which limit refuses it.
+func (l *connLimiter) admit(addr netip.Addr) (refused string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.open >= l.total:
+		return "the server has its most connections open (--max-conns)"
+	case l.byAddr[addr] >= l.perAddr:
+		return "the address has its most connections open (--max-conns-per-addr)"
+	}
+	l.open++
+	l.byAddr[addr]++
+	return ""
+}
+
+func (l *connLimiter) release(addr netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open--
+	if l.byAddr[addr]--; l.byAddr[addr] <= 0 {
+		delete(l.byAddr, addr)
+	}
+}
+
+// logRefusal logs a refused connection, at most once a minute with the
+// count since: a flood must not flood the log too.
+func (l *connLimiter) logRefusal(addr netip.Addr, why string) {
+	l.mu.Lock()
+	l.refused++
+	if time.Since(l.logged) < time.Minute {
+		l.mu.Unlock()
+		return
+	}
+	n, open, fromAddr := l.refused, l.open, l.byAddr[addr]
+	l.refused, l.logged = 0, time.Now()
+	l.mu.Unlock()
+	l.log.Warn("connections refused: "+why, "refused", n, "last_from", addr.String(), "open", open, "open_from_addr", fromAddr,
+		"max_conns", l.total, "max_conns_per_addr", l.perAddr)
+}
+
+// remoteIP is the connection's remote IP address; connections that have
+// none (not TCP) share the zero address.
+func remoteIP(c net.Conn) netip.Addr {
+	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// limitedConn gives its place back when closed, once however often Close
+// is called.
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
