@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -50,7 +51,7 @@ func newInDB(t *testing.T, d sqlguard.Dialect) *inDB {
 		t.Cleanup(func() { admin.Exec("DROP SCHEMA " + name + " CASCADE") })
 		// options is a startup parameter both libpq and pgx pass on.
 		db.src.dsn += "&options=" + url.QueryEscape("-csearch_path="+name)
-		db.cli = []string{"psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", db.src.dsn}
+		db.cli = psql(db.src.dsn)
 	case sqlguard.MySQL:
 		mustExec(t, admin, "CREATE DATABASE "+name)
 		t.Cleanup(func() { admin.Exec("DROP DATABASE " + name) })
@@ -80,6 +81,12 @@ func newInDB(t *testing.T, d sqlguard.Dialect) *inDB {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// psql is the command line of psql for a session of dsn: stop at the
+// first error, report SQLSTATEs, print bare values.
+func psql(dsn string) []string {
+	return []string{"psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", dsn}
 }
 
 // run runs input in one session of the command-line client, which stops
@@ -168,6 +175,15 @@ func (db *inDB) advance(scope string, token uint64) string {
 	return fmt.Sprintf("CALL fence_advance('%s', %d, 0);\n", scope, token)
 }
 
+// createTables creates the tables that write writes: log, of every write
+// in the order they landed, and val, of each scope's value.
+func (db *inDB) createTables(t testing.TB) {
+	t.Helper()
+	id := map[sqlguard.Dialect]string{sqlguard.Postgres: "bigserial", sqlguard.MySQL: "BIGINT AUTO_INCREMENT"}[db.d]
+	db.mustRun(t, "CREATE TABLE log (id "+id+" PRIMARY KEY, scope VARCHAR(64) NOT NULL, token BIGINT NOT NULL);\n"+
+		"CREATE TABLE val (scope VARCHAR(64) PRIMARY KEY, token BIGINT NOT NULL);\n")
+}
+
 // write is one fenced transaction of the client: check token against its
 // scope's mark, then append to log and set the scope's value.
 func (db *inDB) write(scope string, token uint64) string {
@@ -209,9 +225,7 @@ func TestInDatabaseConcurrentWriters(t *testing.T) {
 	for _, d := range inDBDialects {
 		t.Run(d.String(), func(t *testing.T) {
 			db := newInDB(t, d)
-			id := map[sqlguard.Dialect]string{sqlguard.Postgres: "bigserial", sqlguard.MySQL: "BIGINT AUTO_INCREMENT"}[d]
-			db.mustRun(t, "CREATE TABLE log (id "+id+" PRIMARY KEY, scope VARCHAR(64) NOT NULL, token BIGINT NOT NULL);\n"+
-				"CREATE TABLE val (scope VARCHAR(64) PRIMARY KEY, token BIGINT NOT NULL);\n")
+			db.createTables(t)
 			scopes := []string{"orders/1", "orders/2", "orders/3"}
 			writers, writes := 16, 50
 			if d == sqlguard.MySQL {
@@ -279,9 +293,9 @@ func TestInDatabaseConcurrentWriters(t *testing.T) {
 
 // TestInDatabaseLateWriteInNewSession: a token accepted in one session
 // still refuses a lower one in the next. The mark is a committed row, so a
-// new session reads what a restarted server would: the shared servers of
-// `make services` serve every engineer's tests, so this test does not
-// restart them (redisguard's restarts a Redis of its own).
+// new session reads what a restarted server would; TestInDatabaseRestart
+// restarts a PostgreSQL of its own. (The shared servers of `make services`
+// serve every test running on the machine, so no test restarts them.)
 func TestInDatabaseLateWriteInNewSession(t *testing.T) {
 	for _, d := range inDBDialects {
 		t.Run(d.String(), func(t *testing.T) {
@@ -292,6 +306,113 @@ func TestInDatabaseLateWriteInNewSession(t *testing.T) {
 			db.mustRun(t, db.advance("jobs", 42)) // the holder of 42 goes on
 		})
 	}
+}
+
+// TestInDatabaseRestart: a PostgreSQL that accepted token 42 from psql
+// refuses a late 41 after it crashed (pg_ctl stop -m immediate: no
+// shutdown checkpoint, so the mark comes back by WAL replay) and started
+// again. The subtest is named like the others, so that make test-short,
+// which runs no PostgreSQL, leaves it out.
+func TestInDatabaseRestart(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) {
+		srv := startPostgres(t)
+		db := &inDB{d: sqlguard.Postgres, src: source{sqlguard.Postgres, "pgx", srv.dsn}, cli: psql(srv.dsn)}
+		sdb := db.src.open(t)
+		if err := sqlguard.Install(ctx, sdb, sqlguard.Postgres); err != nil {
+			t.Fatal(err)
+		}
+		sdb.Close()
+		db.createTables(t)
+		db.mustRun(t, db.write("jobs", 42))
+		srv.restart(t)
+		_, err := db.run(db.advance("jobs", 41))
+		wantStale(t, err, 41, 42)
+		if v := db.mustRun(t, "SELECT token FROM val WHERE scope = 'jobs';\n"); v != "42" {
+			t.Fatalf("the value was written by %s after the late write, want 42", v)
+		}
+	})
+}
+
+// pgServer is a PostgreSQL server of one test, in a directory of its own.
+type pgServer struct {
+	bin, data  string
+	port       int
+	dsn        string
+	asPostgres bool // running as root: PostgreSQL's programs run as the postgres user
+}
+
+func startPostgres(t *testing.T) *pgServer {
+	t.Helper()
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb") // Debian keeps them off PATH
+	initdb := ""
+	if len(bins) > 0 {
+		initdb = bins[len(bins)-1]
+	} else if p, err := exec.LookPath("initdb"); err == nil {
+		initdb = p
+	} else {
+		skipOrFail(t, "initdb not found: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "sqlguard-pg-") // not t.TempDir: the postgres user must reach it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	srv := &pgServer{bin: filepath.Dir(initdb), data: filepath.Join(dir, "data"), asPostgres: os.Geteuid() == 0}
+	if srv.asPostgres {
+		if out, err := exec.Command("chown", "postgres", dir).CombinedOutput(); err != nil {
+			skipOrFail(t, "running as root, and cannot give %s to the postgres user: %v: %s", dir, err, out)
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv.dsn = fmt.Sprintf("postgres://fence@127.0.0.1:%d/postgres?sslmode=disable", srv.port)
+	srv.run(t, "initdb", "-D", srv.data, "-U", "fence", "-A", "trust", "--no-locale", "-E", "UTF8")
+	srv.start(t)
+	t.Cleanup(func() { srv.ctl("stop", "-m", "immediate") })
+	return srv
+}
+
+// ctl runs pg_ctl on the server's data directory.
+func (srv *pgServer) ctl(args ...string) ([]byte, error) {
+	return srv.cmd("pg_ctl", append([]string{"-D", srv.data}, args...)...).CombinedOutput()
+}
+
+func (srv *pgServer) cmd(prog string, args ...string) *exec.Cmd {
+	if srv.asPostgres {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(srv.bin, prog)}, args...)...)
+	}
+	return exec.Command(filepath.Join(srv.bin, prog), args...)
+}
+
+func (srv *pgServer) run(t *testing.T, prog string, args ...string) {
+	t.Helper()
+	if out, err := srv.cmd(prog, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", prog, err, out)
+	}
+}
+
+// start starts the server and waits until it accepts connections (pg_ctl
+// -w waits at most 60 seconds).
+func (srv *pgServer) start(t *testing.T) {
+	t.Helper()
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=''", srv.port)
+	if out, err := srv.ctl("start", "-w", "-l", filepath.Join(filepath.Dir(srv.data), "log"), "-o", opts); err != nil {
+		log, _ := os.ReadFile(filepath.Join(filepath.Dir(srv.data), "log"))
+		t.Fatalf("pg_ctl start: %v\n%s\n%s", err, out, log)
+	}
+}
+
+// restart stops the server as a crash would, and starts it again.
+func (srv *pgServer) restart(t *testing.T) {
+	t.Helper()
+	if out, err := srv.ctl("stop", "-w", "-m", "immediate"); err != nil {
+		t.Fatalf("pg_ctl stop: %v\n%s", err, out)
+	}
+	srv.start(t)
 }
 
 // TestInDatabaseBeyondFloat compares tokens that doubles cannot tell
