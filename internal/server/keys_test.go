@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -224,7 +226,14 @@ func TestFetchKeysOverTLS(t *testing.T) {
 	defer s.Close(ctx)
 	waitFor(t, "n1 leads", s.Ready)
 
-	trusting := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+	// As the README shows it: the CA's PEM file in a pool of roots.
+	pem, err := os.ReadFile(ca.WriteCA(t, dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	trusting := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	defer trusting.CloseIdleConnections()
 	keys, err := signing.Fetch(ctx, trusting, "https://"+s.Addr())
 	if err != nil || len(keys.Keys()) == 0 {
