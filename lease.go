@@ -2,6 +2,7 @@ package fence
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"time"
 )
@@ -37,6 +38,19 @@ func ParseLeaseID(s string) (LeaseID, error) {
 
 // String returns the ID as 32 lowercase hexadecimal digits.
 func (id LeaseID) String() string { return hex.EncodeToString(id[:]) }
+
+// Fingerprint returns a name for id that is safe to show where the ID
+// itself must not go (logs, watch events, the status page): the first 8
+// bytes of the SHA-256 of its 16 bytes, in 16 hexadecimal digits, or "" for the zero ID.
+// It tells leases apart but reveals nothing of the ID, which renews and
+// releases the lease; a prefix of the ID would reveal part of that secret.
+func (id LeaseID) Fingerprint() string {
+	if id.IsZero() {
+		return ""
+	}
+	sum := sha256.Sum256(id[:])
+	return hex.EncodeToString(sum[:8])
+}
 
 // IsZero reports whether id is the zero value.
 func (id LeaseID) IsZero() bool { return id == LeaseID{} }

@@ -57,6 +57,24 @@ func TestLeaseIDText(t *testing.T) {
 	}
 }
 
+// TestLeaseIDFingerprint: the fingerprint is the first 8 bytes of the
+// SHA-256 of the ID's 16 bytes, in hex (so another implementation can
+// compute it), shares no digits with the ID where a prefix would, and is
+// empty for the zero ID.
+func TestLeaseIDFingerprint(t *testing.T) {
+	id := fence.LeaseID{0: 0xab, 8: 0xcd, 15: 0xef}
+	if got, want := id.Fingerprint(), "c4b530b82a6fee60"; got != want {
+		t.Errorf("Fingerprint() = %q, want %q", got, want)
+	}
+	other := fence.NewLeaseID()
+	if f := other.Fingerprint(); len(f) != 16 || strings.HasPrefix(other.String(), f[:8]) || f == id.Fingerprint() {
+		t.Errorf("%s has the fingerprint %q", other, f)
+	}
+	if got := (fence.LeaseID{}).Fingerprint(); got != "" {
+		t.Errorf("the zero ID's fingerprint is %q, want empty", got)
+	}
+}
+
 // TestParseLeaseIDAcceptsUpperCase documents a leniency: hex.Decode reads
 // either case, so an upper-case ID parses to the same ID, which prints in
 // lower case. The text form of a LeaseID is therefore not canonical on

@@ -49,10 +49,12 @@ type Event struct {
 	// guard refused.
 	Token  uint64
 	Holder string
-	// LeaseIDPrefix is the first 8 hexadecimal digits of the lease ID:
-	// enough to tell leases apart, not enough to renew or release them.
-	LeaseIDPrefix string
-	TTL           time.Duration
+	// LeaseFingerprint is the lease ID's fingerprint
+	// (fence.LeaseID.Fingerprint): enough to tell leases apart, and to
+	// find one's own with Lease.ID().Fingerprint(), but it reveals nothing
+	// of the ID, which renews and releases the lease.
+	LeaseFingerprint string
+	TTL              time.Duration
 	// Time is when the service recorded the event; for EventRejected,
 	// when the guard refused the write; for EventHeld, when it was granted.
 	Time time.Time
@@ -65,15 +67,15 @@ type Event struct {
 
 func eventFrom(e *fencev1.WatchEvent) Event {
 	ev := Event{
-		Position:      e.Position,
-		Kind:          eventKinds[e.Kind],
-		Scope:         e.Scope,
-		Token:         e.Token,
-		Holder:        e.Holder,
-		LeaseIDPrefix: e.LeaseIdPrefix,
-		TTL:           e.Ttl.AsDuration(),
-		Current:       e.CurrentToken,
-		Guard:         e.Guard,
+		Position:         e.Position,
+		Kind:             eventKinds[e.Kind],
+		Scope:            e.Scope,
+		Token:            e.Token,
+		Holder:           e.Holder,
+		LeaseFingerprint: e.LeaseIdPrefix, // the field's name predates fingerprints
+		TTL:              e.Ttl.AsDuration(),
+		Current:          e.CurrentToken,
+		Guard:            e.Guard,
 	}
 	if ev.Kind == "" {
 		ev.Kind = EventKind(fmt.Sprintf("unknown(%d)", e.Kind))

@@ -94,8 +94,8 @@ func TestWatch(t *testing.T) {
 			}
 		}
 		e := next()
-		if e.Kind != w.kind || e.Scope != w.scope || e.Token != 1 || e.Holder != w.holder || e.LeaseIDPrefix != w.id.String()[:8] {
-			t.Fatalf("event %d = %+v, want %s of %s token 1 by %s, lease %s…", i, e, w.kind, w.scope, w.holder, w.id.String()[:8])
+		if e.Kind != w.kind || e.Scope != w.scope || e.Token != 1 || e.Holder != w.holder || e.LeaseFingerprint != w.id.Fingerprint() {
+			t.Fatalf("event %d = %+v, want %s of %s token 1 by %s, lease %s", i, e, w.kind, w.scope, w.holder, w.id.Fingerprint())
 		}
 		if e.Position <= last || e.Time.IsZero() {
 			t.Fatalf("event %d = %+v: position not after %d, or no time", i, e, last)

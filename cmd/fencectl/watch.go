@@ -16,31 +16,31 @@ import (
 
 // eventJSON is one line of watch's -o json output.
 type eventJSON struct {
-	Position      uint64 `json:"position"`
-	Kind          string `json:"kind"`
-	Scope         string `json:"scope"`
-	Token         uint64 `json:"token"`
-	TokenText     string `json:"token_text"`
-	Holder        string `json:"holder,omitempty"`
-	LeaseIDPrefix string `json:"lease_id_prefix,omitempty"`
-	TTLMs         int64  `json:"ttl_ms,omitempty"`
-	Time          string `json:"time,omitempty"`
-	CurrentToken  uint64 `json:"current_token,omitempty"`
-	Guard         string `json:"guard,omitempty"`
+	Position     uint64 `json:"position"`
+	Kind         string `json:"kind"`
+	Scope        string `json:"scope"`
+	Token        uint64 `json:"token"`
+	TokenText    string `json:"token_text"`
+	Holder       string `json:"holder,omitempty"`
+	Lease        string `json:"lease,omitempty"` // the lease ID's fingerprint
+	TTLMs        int64  `json:"ttl_ms,omitempty"`
+	Time         string `json:"time,omitempty"`
+	CurrentToken uint64 `json:"current_token,omitempty"`
+	Guard        string `json:"guard,omitempty"`
 }
 
 func eventOut(e client.Event) eventJSON {
 	out := eventJSON{
-		Position:      e.Position,
-		Kind:          string(e.Kind),
-		Scope:         e.Scope,
-		Token:         e.Token,
-		TokenText:     fence.Token{Scope: e.Scope, Value: e.Token}.String(),
-		Holder:        e.Holder,
-		LeaseIDPrefix: e.LeaseIDPrefix,
-		TTLMs:         e.TTL.Milliseconds(),
-		CurrentToken:  e.Current,
-		Guard:         e.Guard,
+		Position:     e.Position,
+		Kind:         string(e.Kind),
+		Scope:        e.Scope,
+		Token:        e.Token,
+		TokenText:    fence.Token{Scope: e.Scope, Value: e.Token}.String(),
+		Holder:       e.Holder,
+		Lease:        e.LeaseFingerprint,
+		TTLMs:        e.TTL.Milliseconds(),
+		CurrentToken: e.Current,
+		Guard:        e.Guard,
 	}
 	if !e.Time.IsZero() {
 		out.Time = e.Time.UTC().Format(time.RFC3339Nano)
@@ -59,8 +59,8 @@ func eventText(e client.Event) string {
 	if e.Holder != "" {
 		fmt.Fprintf(&b, "  holder %q", e.Holder)
 	}
-	if e.LeaseIDPrefix != "" {
-		fmt.Fprintf(&b, "  lease %s…", e.LeaseIDPrefix)
+	if e.LeaseFingerprint != "" {
+		fmt.Fprintf(&b, "  lease %s", e.LeaseFingerprint)
 	}
 	switch e.Kind {
 	case client.EventGranted, client.EventRenewed, client.EventHeld:
@@ -106,9 +106,10 @@ state must be read again (fencectl list, or watch --held).
 
 With -o json it prints one JSON object per event, one per line:
 {"position", "kind", "scope", "token", "token_text", "holder",
-"lease_id_prefix", "ttl_ms", "time", "current_token", "guard"}. The lease
-ID is shown by its first 8 hexadecimal digits only: enough to tell leases
-apart, not enough to renew or release them.`,
+"lease", "ttl_ms", "time", "current_token", "guard"}. "lease" is the lease
+ID's fingerprint (8 bytes of its SHA-256, in hexadecimal): enough to tell
+leases apart, but it reveals nothing of the ID, which renews and releases
+the lease.`,
 		Example: `  fencectl watch
   fencectl watch orders/ --held
   fencectl watch -o json | jq -c 'select(.kind == "expired")'

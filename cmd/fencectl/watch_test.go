@@ -9,20 +9,22 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fence-dev/fence"
 )
 
 type eventOutput struct {
-	Position      uint64 `json:"position"`
-	Kind          string `json:"kind"`
-	Scope         string `json:"scope"`
-	Token         uint64 `json:"token"`
-	TokenText     string `json:"token_text"`
-	Holder        string `json:"holder"`
-	LeaseIDPrefix string `json:"lease_id_prefix"`
-	TTLMs         int64  `json:"ttl_ms"`
-	Time          string `json:"time"`
-	CurrentToken  uint64 `json:"current_token"`
-	Guard         string `json:"guard"`
+	Position     uint64 `json:"position"`
+	Kind         string `json:"kind"`
+	Scope        string `json:"scope"`
+	Token        uint64 `json:"token"`
+	TokenText    string `json:"token_text"`
+	Holder       string `json:"holder"`
+	Lease        string `json:"lease"`
+	TTLMs        int64  `json:"ttl_ms"`
+	Time         string `json:"time"`
+	CurrentToken uint64 `json:"current_token"`
+	Guard        string `json:"guard"`
 }
 
 // watcher is a running "fencectl watch" whose output is read line by line.
@@ -74,7 +76,7 @@ func TestWatch(t *testing.T) {
 	var a leaseOutput
 	s.wantJSON(t, 0, &a, "acquire", "orders/a", "--holder", "alice", "--ttl", "30s")
 	w := s.watch(t, "orders/", "--held", "--count", "4", "-o", "json")
-	if e := w.event(t); e.Kind != "held" || e.Scope != "orders/a" || e.Token != a.Token || e.Holder != "alice" || e.LeaseIDPrefix != a.LeaseID[:8] {
+	if e := w.event(t); e.Kind != "held" || e.Scope != "orders/a" || e.Token != a.Token || e.Holder != "alice" || e.Lease != mustLeaseID(t, a.LeaseID).Fingerprint() {
 		t.Fatalf("first line = %+v, want orders/a held by alice", e)
 	}
 	s.want(t, 0, "release", "orders/a", "--lease", a.LeaseID)
@@ -122,4 +124,14 @@ func TestWatchMissed(t *testing.T) {
 	if out.Code != "missed_events" || !strings.Contains(out.Error, "not retained") {
 		t.Fatalf("watch --from 1: %+v", out)
 	}
+}
+
+// mustLeaseID parses a lease ID that fencectl printed.
+func mustLeaseID(t *testing.T, s string) fence.LeaseID {
+	t.Helper()
+	id, err := fence.ParseLeaseID(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

@@ -73,12 +73,3 @@ func FromFSM(e fsm.Event, at time.Time) (Event, bool) {
 	return Event{Kind: k, Scope: e.Scope, Token: e.Lease.Token, Holder: e.Lease.Holder,
 		LeaseID: e.Lease.ID, TTL: e.Lease.TTL, At: at}, true
 }
-
-// LeaseIDPrefix is the part of a lease ID that watchers and the status page
-// see: enough to tell leases apart, not enough to renew or release them.
-func LeaseIDPrefix(id fence.LeaseID) string {
-	if id.IsZero() {
-		return ""
-	}
-	return id.String()[:8]
-}

@@ -325,7 +325,7 @@ func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, 
 	defer cancel()
 	_, err := l.node.Apply(cctx, fsm.Command{Op: fsm.OpCancel, Scope: queued.Scope, LeaseID: queued.Lease.ID, At: time.Now().UnixNano()})
 	if err != nil {
-		l.cfg.Logger.Warn("withdrawing a waiter failed", "scope", queued.Scope, "lease_id", queued.Lease.ID.String(), "err", err)
+		l.cfg.Logger.Warn("withdrawing a waiter failed", "scope", queued.Scope, "lease", queued.Lease.ID.Fingerprint(), "err", err)
 	}
 	return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
 }

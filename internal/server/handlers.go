@@ -282,7 +282,7 @@ func (s *Server) confirmed(ctx context.Context, scope string, l fsm.Lease, ttl t
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
 			slog.String("scope", scope), slog.Uint64("token", l.Token),
-			slog.String("lease_id", l.ID.String()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
+			slog.String("lease", l.ID.Fingerprint()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
 	}
 	s.renewed(scope, l)
 }

@@ -137,7 +137,7 @@ func watchEvent(e eventlog.Event) *fencev1.WatchEvent {
 		Scope:         e.Scope,
 		Token:         e.Token,
 		Holder:        e.Holder,
-		LeaseIdPrefix: eventlog.LeaseIDPrefix(e.LeaseID),
+		LeaseIdPrefix: e.LeaseID.Fingerprint(),
 		Time:          timestamppb.New(e.At),
 		CurrentToken:  e.Current,
 		Guard:         e.Guard,
@@ -155,7 +155,7 @@ func heldEvent(in fsm.ScopeInfo) *fencev1.WatchEvent {
 		Scope:         in.Scope,
 		Token:         l.Token,
 		Holder:        l.Holder,
-		LeaseIdPrefix: eventlog.LeaseIDPrefix(l.ID),
+		LeaseIdPrefix: l.ID.Fingerprint(),
 		Ttl:           durationpb.New(l.TTL),
 	}
 	if l.GrantedAt != 0 {

@@ -123,11 +123,12 @@ type leasesView struct {
 }
 
 type leaseRow struct {
-	Scope, Holder, LeaseID string
-	Token                  uint64
-	TTL, Left              time.Duration
-	GrantedAt              time.Time
-	Waiters                int
+	Scope, Holder string
+	Lease         string // the lease ID's fingerprint: the ID renews and releases
+	Token         uint64
+	TTL, Left     time.Duration
+	GrantedAt     time.Time
+	Waiters       int
 }
 
 type scopeTimeline struct {
@@ -170,7 +171,7 @@ func (s *Page) leasesView() leasesView {
 	v.More = total - len(held)
 	for _, in := range held {
 		l := in.Lease
-		row := leaseRow{Scope: in.Scope, Holder: l.Holder, LeaseID: eventlog.LeaseIDPrefix(l.ID), Token: l.Token, TTL: l.TTL,
+		row := leaseRow{Scope: in.Scope, Holder: l.Holder, Lease: l.ID.Fingerprint(), Token: l.Token, TTL: l.TTL,
 			Left: s.cfg.Lessor.Left(in.Scope, l.Token, now), Waiters: in.Waiters}
 		if l.GrantedAt != 0 {
 			row.GrantedAt = time.Unix(0, l.GrantedAt)
@@ -321,7 +322,7 @@ func (s *Page) ServeEvents(w http.ResponseWriter, r *http.Request) {
 func sseEvent(e eventlog.Event) map[string]any {
 	return map[string]any{
 		"position": strconv.FormatUint(e.Position, 10), "kind": e.Kind.String(), "scope": e.Scope,
-		"token": strconv.FormatUint(e.Token, 10), "holder": e.Holder, "lease_id_prefix": eventlog.LeaseIDPrefix(e.LeaseID),
+		"token": strconv.FormatUint(e.Token, 10), "holder": e.Holder, "lease": e.LeaseID.Fingerprint(),
 		"time": e.At.UTC().Format(time.RFC3339Nano), "current_token": strconv.FormatUint(e.Current, 10), "guard": e.Guard,
 	}
 }
