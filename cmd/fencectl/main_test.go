@@ -57,6 +57,7 @@ func TestMain(m *testing.M) {
 // fenced is a running fenced process.
 type fenced struct {
 	addr string
+	log  string // the file fenced writes its log to
 }
 
 // maxTTL is the --max-ttl every test server runs with.
@@ -105,7 +106,7 @@ func startFenced(t *testing.T, extra ...string) *fenced {
 		_, err := c.Get(ctx, "probe")
 		cancel()
 		if err == nil {
-			return &fenced{addr: addr}
+			return &fenced{addr: addr, log: logPath}
 		}
 		select {
 		case <-exited:
