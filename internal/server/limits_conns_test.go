@@ -209,13 +209,31 @@ func TestSlowBodies(t *testing.T) {
 	if !watch.Receive() {
 		t.Fatal(watch.Err())
 	}
-	held, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "waited", Holder: "first"}))
-	if err != nil {
-		t.Fatal(err)
+	// Two acquires wait past the read timeout, one over HTTP/2, one over
+	// HTTP/1.1 in JSON.
+	var held []*fencev1.Lease
+	for _, scope := range []string{"waited/h2", "waited/h1"} {
+		r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: "first"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r.Msg.Lease)
 	}
-	waited := make(chan error, 1)
+	waited := make(chan error, 2)
 	go func() {
-		_, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "waited", Holder: "patient", Wait: true}))
+		_, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "waited/h2", Holder: "patient", Wait: true}))
+		waited <- err
+	}()
+	go func() {
+		resp, err := http.Post("http://"+s.Addr()+fencev1connect.LeaseServiceAcquireProcedure, "application/json",
+			strings.NewReader(`{"scope":"waited/h1","holder":"patient","wait":true}`))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("HTTP/1.1: %s %s", resp.Status, b)
+			}
+		}
 		waited <- err
 	}()
 
@@ -236,12 +254,16 @@ func TestSlowBodies(t *testing.T) {
 		}
 	}
 
-	// The wait and the watch outlived the read timeout: both still work.
-	if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "waited", LeaseId: held.Msg.Lease.LeaseId})); err != nil {
-		t.Fatal(err)
+	// The waits and the watch outlived the read timeout: all still work.
+	for _, l := range held {
+		if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: l.Scope, LeaseId: l.LeaseId})); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := <-waited; err != nil {
-		t.Fatalf("an acquire that waited past the read timeout: %v", err)
+	for range held {
+		if err := <-waited; err != nil {
+			t.Fatalf("an acquire that waited past the read timeout: %v", err)
+		}
 	}
 	if _, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "quiet/a", Holder: "h"})); err != nil {
 		t.Fatal(err)
