@@ -110,3 +110,13 @@ func (c *limitedConn) Close() error {
 	c.release()
 	return c.Conn.Close()
 }
+
+// CloseWrite lets net/http half-close an HTTP/1 connection before it closes
+// it, as it does a TCP connection, so the client reads the last answer
+// rather than a reset.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
