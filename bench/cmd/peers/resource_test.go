@@ -22,8 +22,7 @@ import (
 func TestResourceGuards(t *testing.T) {
 	key := signing.NewKey(time.Now())
 	keys := signing.NewKeySet(key.Public())
-	id := fence.NewLeaseID()
-	sign := func(v uint64) fence.Token { return key.Sign(fence.Token{Scope: "gw/0", Value: v, LeaseID: id}) }
+	sign := func(v uint64) fence.Token { return key.Sign(fence.Token{Scope: "gw/0", Value: v}) }
 	current := sign(2)
 	forged := current
 	forged.Value = 3
