@@ -1436,9 +1436,11 @@ type WatchEvent struct {
 	// The lease's fencing token; for REJECTED, the token the guard refused.
 	Token  uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	Holder string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
-	// The first 8 hexadecimal digits of the lease ID: enough to tell leases
-	// apart and find them in fenced's logs, not enough to renew or release
-	// them, which only their holder can.
+	// The lease ID's fingerprint (fence.LeaseID.Fingerprint: the first 8
+	// bytes of the SHA-256 of its 16 bytes, in 16 hexadecimal digits): enough
+	// to tell leases apart and find them in fenced's logs, and it reveals
+	// nothing of the ID, which renews and releases the lease. The field's
+	// name predates the fingerprint; it is kept for wire compatibility.
 	LeaseIdPrefix string               `protobuf:"bytes,6,opt,name=lease_id_prefix,json=leaseIdPrefix,proto3" json:"lease_id_prefix,omitempty"`
 	Ttl           *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// When the leader recorded the event; for REJECTED, when the guard
