@@ -55,6 +55,10 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"--max-conns", "100", "--max-conns-per-addr", "200"}, want: "max conns per address 200 is above max conns 100"},
 		{args: []string{"--max-conns", "1000000000"}, want: "above the process's open-file limit"},
 		{args: []string{"--read-timeout", "-1s"}, want: "read timeout -1s is negative"},
+		{args: []string{"--memory-limit", "lots"}, want: "want a size such as 448MiB"},
+		{args: []string{"--memory-limit", "-5MiB"}, want: "want a size such as 448MiB"},
+		{args: []string{"--memory-limit", "10MiB"}, want: "below 64MiB"},
+		{args: []string{"--memory-limit", "9999999TiB"}, want: "want a size such as 448MiB"},
 		{env: [2]string{"FENCED_MAX_TTL", "soon"}, want: "FENCED_MAX_TTL"},
 	} {
 		if tc.env[0] != "" {

@@ -33,7 +33,7 @@ import (
 )
 
 func main() {
-	cfg, err := parse(os.Args[1:])
+	opts, err := parse(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -43,14 +43,25 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := server.Run(ctx, cfg); err != nil {
-		cfg.Logger.Error("fenced", "err", err)
+	limit, from := opts.memoryLimit.apply()
+	opts.Logger.Info("memory limit", "limit", (&memoryLimit{bytes: limit}).String(), "from", from)
+	go watchLiveHeap(ctx, opts.Logger, limit, 30*time.Second)
+	if err := server.Run(ctx, opts.Config); err != nil {
+		opts.Logger.Error("fenced", "err", err)
 		os.Exit(1)
 	}
 }
 
-func parse(args []string) (server.Config, error) {
-	cfg := server.DefaultConfig()
+// options are fenced's flags: the server's configuration, and what the
+// process sets for itself.
+type options struct {
+	server.Config
+	memoryLimit memoryLimit
+}
+
+func parse(args []string) (options, error) {
+	o := options{Config: server.DefaultConfig()}
+	cfg := &o.Config
 	fs := flag.NewFlagSet("fenced", flag.ContinueOnError)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the Raft log, stable store and snapshots")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (gRPC, Connect and HTTP/JSON on one port)")
@@ -81,6 +92,7 @@ func parse(args []string) (server.Config, error) {
 	fs.BoolVar(&cfg.SignTokens, "sign-tokens", cfg.SignTokens, "sign every token (Ed25519; public keys at GET /keys); false hands out unsigned tokens, which a guard cannot tell from forged ones")
 	fs.DurationVar(&cfg.KeyGrace, "key-grace", cfg.KeyGrace, "how long tokens signed by a rotated-out key keep verifying")
 	fs.DurationVar(&cfg.KeyPublishDelay, "key-publish-delay", cfg.KeyPublishDelay, "how long a rotated-in key is published at /keys before it signs; keep it above the guards' key refresh interval (0: it signs at once)")
+	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (e.g. 448MiB, 2GiB, or off): the collector works harder near it; a held lease costs about 340 bytes (default 448MiB, or 90% of the cgroup's memory limit if lower; GOMEMLIMIT, when set, instead)")
 	format := fs.String("log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug (shows renewals), info, warn or error")
 	fs.Usage = func() {
@@ -88,25 +100,25 @@ func parse(args []string) (server.Config, error) {
 		fs.PrintDefaults()
 	}
 	if err := fromEnv(fs); err != nil {
-		return cfg, err
+		return o, err
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, err
+		return o, err
 	}
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *join != "" {
 		for a := range strings.SplitSeq(*join, ",") {
 			if a = strings.TrimSpace(a); a == "" {
-				return cfg, fmt.Errorf("--join %q: an empty address", *join)
+				return o, fmt.Errorf("--join %q: an empty address", *join)
 			}
 			cfg.Join = append(cfg.Join, strings.TrimSpace(a))
 		}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
-		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+		return o, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch *format {
@@ -115,9 +127,9 @@ func parse(args []string) (server.Config, error) {
 	case "json":
 		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, opts))
 	default:
-		return cfg, fmt.Errorf("--log-format %q: want text or json", *format)
+		return o, fmt.Errorf("--log-format %q: want text or json", *format)
 	}
-	return cfg, cfg.Validate()
+	return o, cfg.Validate()
 }
 
 // fromEnv sets each flag from FENCED_<NAME> when that variable is set.
