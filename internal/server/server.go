@@ -317,7 +317,7 @@ func (s *Server) logEvent(e fsm.Event) {
 	s.log.LogAttrs(context.Background(), level, "lease "+e.Kind.String(),
 		slog.String("scope", e.Scope),
 		slog.Uint64("token", e.Lease.Token),
-		slog.String("lease_id", e.Lease.ID.String()),
+		slog.String("lease", e.Lease.ID.Fingerprint()),
 		slog.String("holder", e.Lease.Holder),
 		slog.Duration("ttl", e.Lease.TTL),
 	)
