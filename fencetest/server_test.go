@@ -143,12 +143,15 @@ func TestWithLogger(t *testing.T) {
 	}
 	logs := buf.String()
 	for _, want := range []string{
-		`msg="lease granted" scope=orders token=1 lease_id=` + g.ID.String() + ` holder=logged`,
+		`msg="lease granted" scope=orders token=1 lease=` + g.ID.Fingerprint() + ` holder=logged`,
 		`msg="lease released" scope=orders token=1`,
 	} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %q:\n%s", want, logs)
 		}
+	}
+	if strings.Contains(logs, g.ID.String()) {
+		t.Errorf("logs hold the lease ID %s, a secret of its holder:\n%s", g.ID, logs)
 	}
 }
 
