@@ -18,6 +18,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/guardtest"
 	"github.com/fence-dev/fence/guard/redisguard"
 )
 
@@ -283,5 +284,30 @@ func TestFunctions(t *testing.T) {
 	}
 	if r := cli(t, url, "HMGET "+m+" token seq\nGET "+k+"n\n"); !slices.Equal(r, []string{"6", "0", "14"}) {
 		t.Errorf("mark and counter %q, want 6 0 14", r)
+	}
+}
+
+// TestFunctionsProtocolVectors runs the comparison cases of the guard
+// protocol's test vectors (testdata/protocol/vectors.json) through FCALL
+// fence_set: the mark at the case's highest token and sequence, then the
+// presented one, accepted or refused as stale as the case says.
+func TestFunctionsProtocolVectors(t *testing.T) {
+	url := testRedisURL(t)
+	rdb := testRedis(t)
+	for _, c := range guardtest.CompareVectors(t) {
+		sc := newScope(t, rdb)
+		set := func(token string, seq uint64) string {
+			return fmt.Sprintf("FCALL fence_set 2 fence:{%s} {%s}:v %s %d x", sc, sc, token, seq)
+		}
+		if r := one(t, url, set(c.Highest, c.HighestSequence)); r != "OK" {
+			t.Fatalf("%s: setting the mark at %s: %q", c.Why, c.Highest, r)
+		}
+		r := one(t, url, set(c.Presented, c.PresentedSequence))
+		switch {
+		case c.Accepted && r != "OK":
+			t.Errorf("%s (%s after %s): %q, want OK", c.Why, c.Presented, c.Highest, r)
+		case !c.Accepted && !strings.HasPrefix(r, "STALE "):
+			t.Errorf("%s (%s after %s): %q, want STALE", c.Why, c.Presented, c.Highest, r)
+		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/guardtest"
 	"github.com/fence-dev/fence/guard/sqlguard"
 )
 
@@ -551,5 +552,29 @@ func TestInstall(t *testing.T) {
 	}
 	if _, err := sqlguard.SQLite.InstallSQL(); !errors.Is(err, fence.ErrInvalid) {
 		t.Fatalf("SQLite install script: %v, want invalid", err)
+	}
+}
+
+// TestInDatabaseProtocolVectors runs the comparison cases of the guard
+// protocol's test vectors (testdata/protocol/vectors.json) through
+// fence_advance: the mark at the case's highest token and sequence, then
+// the presented one, accepted or refused as stale as the case says.
+func TestInDatabaseProtocolVectors(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			call := map[sqlguard.Dialect]string{sqlguard.Postgres: "SELECT", sqlguard.MySQL: "CALL"}[d]
+			for i, c := range guardtest.CompareVectors(t) {
+				scope := fmt.Sprintf("vec%d", i)
+				db.mustRun(t, fmt.Sprintf("%s fence_advance('%s', %s, %d);\n", call, scope, c.Highest, c.HighestSequence))
+				_, err := db.run(fmt.Sprintf("%s fence_advance('%s', %s, %d);\n", call, scope, c.Presented, c.PresentedSequence))
+				switch {
+				case c.Accepted && err != nil:
+					t.Errorf("%s (%s after %s): refused: %v", c.Why, c.Presented, c.Highest, err)
+				case !c.Accepted && (err == nil || !strings.Contains(err.Error(), "FN409")):
+					t.Errorf("%s (%s after %s): %v, want refused as stale (FN409)", c.Why, c.Presented, c.Highest, err)
+				}
+			}
+		})
 	}
 }
