@@ -76,19 +76,6 @@ func (o *Owners) Event(e fsm.Event) {
 	}
 }
 
-// Check refuses an acquire by identity id when id holds limit leases
-// already (0: no limit). With no identity (auth off) it refuses nothing:
-// Admit counts by holder then.
-func (o *Owners) Check(id string, limit int) error {
-	if limit <= 0 || id == "" {
-		return nil
-	}
-	k := ownerOf(id, "")
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.checkLeases(k, limit)
-}
-
 func (o *Owners) checkLeases(k owner, limit int) error {
 	if held := o.n[k] + o.pending[k]; limit > 0 && held >= limit {
 		return connect.NewError(connect.CodeResourceExhausted,

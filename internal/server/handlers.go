@@ -42,9 +42,6 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	if err := s.owners.Check(c.Owner, s.cfg.MaxLeasesPerIdentity); err != nil {
-		return nil, err
-	}
 	r, err := s.lessor.Acquire(ctx, c)
 	if err != nil {
 		return nil, wire.ToConnect(err)
@@ -108,9 +105,6 @@ func (s *Server) AcquireBatch(ctx context.Context, req *connect.Request[fencev1.
 		}
 		if err == nil {
 			err = s.auth.Allowed(ctx, "acquire", c.Scope)
-		}
-		if err == nil {
-			err = s.owners.Check(c.Owner, s.cfg.MaxLeasesPerIdentity)
 		}
 		if err != nil {
 			out[i] = &fencev1.AcquireResult{Failure: wire.ToFailure(err)}
