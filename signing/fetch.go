@@ -60,7 +60,9 @@ func fetch(ctx context.Context, h *http.Client, url string) (*KeySet, error) {
 		return nil, fmt.Errorf("%s: the server speaks TLS: use https://%s and an *http.Client whose transport trusts the service's CA", url, req.URL.Host)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+		// fenced says why in the body's first line (a node not ready).
+		why, _, _ := strings.Cut(string(b[:min(len(b), 300)]), "\n")
+		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(why))
 	}
 	return Parse(b)
 }

@@ -137,7 +137,16 @@ func (s *Server) rotateKey(ctx context.Context, delay time.Duration) (string, ti
 }
 
 // serveKeys answers GET /keys with the public keys in signing.File form.
+// A node that is not ready answers 503 instead: cut off from the leader,
+// it may lack a key the others already publish, and a guard that fetched
+// from it would refuse honest tokens until its next fetch.
+// signing.Fetch then moves on to the next node.
 func (s *Server) serveKeys(w http.ResponseWriter, r *http.Request) {
+	if ok, reason := s.readiness(); !ok {
+		w.Header().Set("Cache-Control", "no-store")
+		http.Error(w, reason+"; its keys may be out of date: fetch them from another node", http.StatusServiceUnavailable)
+		return
+	}
 	var keys []fsm.SigningKey
 	s.node.Read(func(st *fsm.State) { keys = st.SigningKeys() })
 	f := signing.File{Keys: []signing.PublicKey{}}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -251,5 +252,47 @@ func TestFetchKeysOverTLS(t *testing.T) {
 		if _, err := signing.Fetch(ctx, nil, tc.addr); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Fetch(%q) without the CA: %v; want an error saying %q", tc.addr, err, tc.want)
 		}
+	}
+}
+
+// TestKeysOnlyFromAReadyNode: a node that knows no leader may lack keys the
+// cluster publishes, so it answers /keys 503, saying why, and Fetch takes
+// the keys from the next node of its list.
+func TestKeysOnlyFromAReadyNode(t *testing.T) {
+	ready := startSigner(t, "n1", 0)
+	cfg := DefaultConfig()
+	// A node of a cluster that never formed: it elects no one and learns
+	// no key.
+	cfg.NodeID, cfg.DataDir, cfg.Listen, cfg.RaftListen = "lone", t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	lone, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		lone.Close(ctx)
+	})
+	resp, err := http.Get("http://" + lone.Addr() + "/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "no leader known") {
+		t.Fatalf("/keys of a node without a leader: %s %q, want 503 saying why", resp.Status, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := signing.Fetch(ctx, nil, lone.Addr()); err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "no leader known") {
+		t.Fatalf("Fetch from the lone node: %v, want its 503 and reason", err)
+	}
+	set, err := signing.Fetch(ctx, nil, lone.Addr()+","+ready.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := signerAt(ready, time.Now()); !slices.ContainsFunc(set.Keys(), func(k signing.PublicKey) bool { return k.ID == want }) {
+		t.Fatalf("Fetch of lone,ready: keys %v, want the ready node's %s", set.Keys(), want)
 	}
 }
