@@ -46,6 +46,10 @@ type Client struct {
 	mu     sync.Mutex
 	leases map[*Lease]struct{} // kept alive now; Close ends them
 	closed bool
+
+	// life ends when Close begins, and with it every watch.
+	life    context.Context
+	endLife context.CancelFunc
 }
 
 // node is one address the client may call, with its service clients.
@@ -93,6 +97,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		h = &http.Client{Transport: t}
 	}
 	c := &Client{http: h, cfg: cfg}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	c.renew.c = c
 	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany}
 	c.renewals = &coalescer[*fencev1.RenewRequest, fence.Lease]{one: c.renewOne, many: c.renewMany}
@@ -194,8 +199,12 @@ const closeTimeout = 2 * time.Second
 // does not release leases already lost, nor leases from Grant, which
 // the client does not keep alive.
 //
-// After Close, Acquire fails with fence.ErrClosed; other calls still
-// work. Calling Close again does nothing. Close is safe for concurrent use.
+// Close also ends the client's watches (Watch, WatchHeld and the
+// elections built on them), with fence.ErrClosed.
+//
+// After Close, Acquire and Watch fail with fence.ErrClosed; other calls
+// still work. Calling Close again does nothing. Close is safe for
+// concurrent use.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -203,6 +212,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.endLife()
 	leases := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)

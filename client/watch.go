@@ -143,8 +143,9 @@ func (c *Client) Watch(ctx context.Context, prefix string, from uint64, opts ...
 // returns false (then watch returns nil) or a failure is final. first is
 // true for the first response of a connection that asked for held leases.
 func (c *Client) watch(ctx context.Context, prefix string, from uint64, held bool, f func(first bool, resp *fencev1.WatchResponse) bool) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(c.life, func() { cancel(fmt.Errorf("%w: the watch ended with it", fence.ErrClosed)) })()
 	pos := from
 	backoff := 20 * time.Millisecond
 	give := time.Now().Add(c.cfg.retryTimeout)
@@ -176,7 +177,10 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 		} else {
 			err = transient(ctx, err)
 		}
-		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
+		}
+		if !errors.Is(err, fence.ErrUnavailable) {
 			return fmt.Errorf("watch %q: %w", prefix, err)
 		}
 		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
@@ -188,7 +192,7 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("watch %q: %w", prefix, ctx.Err())
+			return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)

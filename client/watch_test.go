@@ -288,3 +288,49 @@ func TestWatchHeldPagesAcrossReconnect(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseEndsWatches: Close ends a watch under way with fence.ErrClosed,
+// and a watch begun after Close fails so at once.
+func TestCloseEndsWatches(t *testing.T) {
+	srv, _ := start(t)
+	c, err := client.New(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	if _, err := c.Grant(ctx, "orders/a"); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	held := make(chan struct{})
+	go func() {
+		for e, err := range c.Watch(ctx, "orders/", 0, client.WithHeld()) {
+			if err != nil {
+				ended <- err
+				return
+			}
+			if e.Kind == client.EventHeld {
+				close(held)
+			}
+		}
+		ended <- errors.New("the watch ended without an error")
+	}()
+	<-held
+	c.Close()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, fence.ErrClosed) {
+			t.Fatalf("watch ended with %v, want fence.ErrClosed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch outlived Close")
+	}
+	var after error
+	for _, err := range c.Watch(ctx, "orders/", 0) {
+		after = err
+		break
+	}
+	if !errors.Is(after, fence.ErrClosed) {
+		t.Fatalf("Watch after Close: %v, want fence.ErrClosed", after)
+	}
+}
