@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"strings"
 	"syscall"
@@ -14,7 +15,7 @@ import (
 func TestParseEnvAndFlags(t *testing.T) {
 	t.Setenv("FENCED_MAX_TTL", "1m")
 	t.Setenv("FENCED_LISTEN", "127.0.0.1:9999")
-	cfg, err := parse([]string{"--listen", "127.0.0.1:8888", "--data-dir", "d"})
+	cfg, err := parse([]string{"--listen", "127.0.0.1:8888", "--data-dir", "d"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestParseRejectsBadInput(t *testing.T) {
 		if tc.env[0] != "" {
 			t.Setenv(tc.env[0], tc.env[1])
 		}
-		_, err := parse(tc.args)
+		_, err := parse(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parse(%q, env %v) = %v, want an error mentioning %q", tc.args, tc.env, err, tc.want)
 		}

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -33,7 +34,8 @@ import (
 )
 
 func main() {
-	opts, err := parse(os.Args[1:])
+	logs := newLogWriter(os.Stderr)
+	opts, err := parse(os.Args[1:], logs)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -46,8 +48,12 @@ func main() {
 	limit, from := opts.memoryLimit.apply()
 	opts.Logger.Info("memory limit", "limit", (&memoryLimit{bytes: limit}).String(), "from", from)
 	go watchLiveHeap(ctx, opts.Logger, limit, 30*time.Second)
-	if err := server.Run(ctx, opts.Config); err != nil {
+	err = server.Run(ctx, opts.Config)
+	if err != nil {
 		opts.Logger.Error("fenced", "err", err)
+	}
+	logs.Close()
+	if err != nil {
 		os.Exit(1)
 	}
 }
@@ -59,7 +65,8 @@ type options struct {
 	memoryLimit memoryLimit
 }
 
-func parse(args []string) (options, error) {
+// parse reads fenced's flags and environment; its logger writes to logOut.
+func parse(args []string, logOut io.Writer) (options, error) {
 	o := options{Config: server.DefaultConfig()}
 	cfg := &o.Config
 	fs := flag.NewFlagSet("fenced", flag.ContinueOnError)
@@ -123,9 +130,9 @@ func parse(args []string) (options, error) {
 	opts := &slog.HandlerOptions{Level: lv}
 	switch *format {
 	case "text":
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, opts))
+		cfg.Logger = slog.New(slog.NewTextHandler(logOut, opts))
 	case "json":
-		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		cfg.Logger = slog.New(slog.NewJSONHandler(logOut, opts))
 	default:
 		return o, fmt.Errorf("--log-format %q: want text or json", *format)
 	}

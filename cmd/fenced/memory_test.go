@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"math"
 	"runtime/debug"
@@ -33,7 +34,7 @@ func TestMemoryLimitFlag(t *testing.T) {
 		{[]string{"--memory-limit", "104857600"}, 100 << 20, "--memory-limit"},
 		{[]string{"--memory-limit", "off"}, math.MaxInt64, "--memory-limit"},
 	} {
-		o, err := parse(tc.args)
+		o, err := parse(tc.args, io.Discard)
 		if err != nil {
 			t.Fatalf("parse(%q): %v", tc.args, err)
 		}
@@ -62,14 +63,14 @@ func TestMemoryLimitKeepsGOMEMLIMIT(t *testing.T) {
 	// that by setting the limit it would have set.
 	debug.SetMemoryLimit(300 << 20)
 	t.Setenv("GOMEMLIMIT", "300MiB")
-	o, err := parse(nil)
+	o, err := parse(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if limit, from := o.memoryLimit.apply(); limit != 300<<20 || from != "GOMEMLIMIT" {
 		t.Errorf("apply() with GOMEMLIMIT set = %d from %s; want the runtime's 300MiB kept", limit, from)
 	}
-	o, err = parse([]string{"--memory-limit", "1GiB"})
+	o, err = parse([]string{"--memory-limit", "1GiB"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
