@@ -41,21 +41,10 @@ func TestAuthorizationMatrix(t *testing.T) {
 			{"identity": "admin", "prefix": "", "allow": ["cluster"]}
 		]}`, hex.EncodeToString(sum[:])), 0o600)
 
-	cfg := DefaultConfig()
-	cfg.DataDir, cfg.Listen = t.TempDir(), "127.0.0.1:0"
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: caFile}
-	cfg.AuthFile = authFile
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(context.Background())
-	for deadline := time.Now().Add(20 * time.Second); !s.Ready(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("not ready")
-		}
-	}
+	s := startWith(t, func(cfg *Config) {
+		cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: caFile}
+		cfg.AuthFile = authFile
+	})
 	roots := ca.Pool()
 	clientFor := func(certs []tls.Certificate, bearer string) (fencev1connect.LeaseServiceClient, fencev1connect.ClusterServiceClient) {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: certs}, Protocols: new(http.Protocols)}
@@ -278,24 +267,14 @@ func TestClientCertificateIsNoNode(t *testing.T) {
 			authFile := filepath.Join(dir, "auth.json")
 			os.WriteFile(authFile, []byte(`{"nodes": ["n1"], "rules": [{"identity": "admin", "prefix": "", "allow": ["cluster"]}]}`), 0o600)
 			var logs lockedLog
-			cfg := DefaultConfig()
-			cfg.DataDir, cfg.Listen = t.TempDir(), "127.0.0.1:0"
-			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-			cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: clientCA.WriteCA(t, dir, "client-ca")}
-			if !single {
-				cfg.TLS.CA = clusterCA.WriteCA(t, dir, "cluster-ca")
-			}
-			cfg.AuthFile = authFile
-			s, err := Start(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close(context.Background())
-			for deadline := time.Now().Add(20 * time.Second); !s.Ready(); time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("not ready")
+			s := startWith(t, func(cfg *Config) {
+				cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+				cfg.TLS = TLS{Cert: srvCert, Key: srvKey, ClientCA: clientCA.WriteCA(t, dir, "client-ca")}
+				if !single {
+					cfg.TLS.CA = clusterCA.WriteCA(t, dir, "cluster-ca")
 				}
-			}
+				cfg.AuthFile = authFile
+			})
 			rotate := func(cert tls.Certificate, vouch string) error {
 				tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: clusterCA.Pool(), Certificates: []tls.Certificate{cert}}, Protocols: new(http.Protocols)}
 				tr.Protocols.SetHTTP2(true)
