@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -62,18 +63,7 @@ func newInDB(t *testing.T, d sqlguard.Dialect) *inDB {
 		}
 		cfg.DBName = name
 		db.src.dsn = cfg.FormatDSN()
-		host, port, err := net.SplitHostPort(cfg.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// MariaDB 11 calls its client mariadb, and mysql only with a
-		// compatibility package.
-		client := "mysql"
-		if _, err := exec.LookPath("mariadb"); err == nil {
-			client = "mariadb"
-		}
-		db.cli = []string{client, "--no-defaults", "--protocol=tcp", "-h", host, "-P", port, "-u", cfg.User, "-N", "-B", name}
-		db.env = []string{"MYSQL_PWD=" + cfg.Passwd}
+		db.cli, db.env = mysqlCLI(t, cfg)
 	}
 	if _, err := exec.LookPath(db.cli[0]); err != nil {
 		skipOrFail(t, "the %s client is missing: %v", db.cli[0], err)
@@ -82,6 +72,24 @@ func newInDB(t *testing.T, d sqlguard.Dialect) *inDB {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// mysqlCLI is the command line, and its environment, of the mysql client
+// for a session of cfg's database.
+func mysqlCLI(t testing.TB, cfg *mysql.Config) (cli, env []string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MariaDB 11 calls its client mariadb, and mysql only with a
+	// compatibility package.
+	client := "mysql"
+	if _, err := exec.LookPath("mariadb"); err == nil {
+		client = "mariadb"
+	}
+	return []string{client, "--no-defaults", "--protocol=tcp", "-h", host, "-P", port, "-u", cfg.User, "-N", "-B", cfg.DBName},
+		[]string{"MYSQL_PWD=" + cfg.Passwd}
 }
 
 // psql is the command line of psql for a session of dsn: stop at the
@@ -295,7 +303,7 @@ func TestInDatabaseConcurrentWriters(t *testing.T) {
 // TestInDatabaseLateWriteInNewSession: a token accepted in one session
 // still refuses a lower one in the next. The mark is a committed row, so a
 // new session reads what a restarted server would; TestInDatabaseRestart
-// restarts a PostgreSQL of its own. (The shared servers of `make services`
+// restarts a PostgreSQL and a MariaDB of its own. (The shared servers of `make services`
 // serve every test running on the machine, so no test restarts them.)
 func TestInDatabaseLateWriteInNewSession(t *testing.T) {
 	for _, d := range inDBDialects {
@@ -312,26 +320,129 @@ func TestInDatabaseLateWriteInNewSession(t *testing.T) {
 // TestInDatabaseRestart: a PostgreSQL that accepted token 42 from psql
 // refuses a late 41 after it crashed (pg_ctl stop -m immediate: no
 // shutdown checkpoint, so the mark comes back by WAL replay) and started
-// again. The subtest is named like the others, so that make test-short,
-// which runs no PostgreSQL, leaves it out.
+// again; so does a MariaDB killed with SIGKILL (InnoDB's redo log brings
+// the mark back). The subtests are named like the others, so that make
+// test-short, which runs neither server, leaves them out.
 func TestInDatabaseRestart(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) {
 		srv := startPostgres(t)
 		db := &inDB{d: sqlguard.Postgres, src: source{sqlguard.Postgres, "pgx", srv.dsn}, cli: psql(srv.dsn)}
-		sdb := db.src.open(t)
-		if err := sqlguard.Install(ctx, sdb, sqlguard.Postgres); err != nil {
+		lateWriteAfterRestart(t, db, srv.restart)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		srv := startMariaDB(t)
+		cfg, err := mysql.ParseDSN(srv.dsn)
+		if err != nil {
 			t.Fatal(err)
 		}
-		sdb.Close()
-		db.createTables(t)
-		db.mustRun(t, db.write("jobs", 42))
-		srv.restart(t)
-		_, err := db.run(db.advance("jobs", 41))
-		wantStale(t, err, 41, 42)
-		if v := db.mustRun(t, "SELECT token FROM val WHERE scope = 'jobs';\n"); v != "42" {
-			t.Fatalf("the value was written by %s after the late write, want 42", v)
-		}
+		db := &inDB{d: sqlguard.MySQL, src: source{sqlguard.MySQL, "mysql", srv.dsn}}
+		db.cli, db.env = mysqlCLI(t, cfg)
+		lateWriteAfterRestart(t, db, srv.restart)
 	})
+}
+
+// lateWriteAfterRestart installs the guard in db's server, writes with
+// token 42 through the command-line client, restarts the server and has a
+// late 41 refused, the value left the one 42 wrote.
+func lateWriteAfterRestart(t *testing.T, db *inDB, restart func(*testing.T)) {
+	sdb := db.src.open(t)
+	if err := sqlguard.Install(ctx, sdb, db.d); err != nil {
+		t.Fatal(err)
+	}
+	sdb.Close()
+	db.createTables(t)
+	db.mustRun(t, db.write("jobs", 42))
+	restart(t)
+	_, err := db.run(db.advance("jobs", 41))
+	wantStale(t, err, 41, 42)
+	if v := db.mustRun(t, "SELECT token FROM val WHERE scope = 'jobs';\n"); v != "42" {
+		t.Fatalf("the value was written by %s after the late write, want 42", v)
+	}
+}
+
+// mariaDB is a MariaDB server of one test, in a directory of its own.
+type mariaDB struct {
+	server, log string
+	args        []string
+	dsn         string
+	cmd         *exec.Cmd
+}
+
+// startMariaDB initializes a data directory and starts a MariaDB on it,
+// with a user fence (password fence) and a database fence.
+func startMariaDB(t *testing.T) *mariaDB {
+	t.Helper()
+	find := func(names ...string) string {
+		for _, n := range names {
+			for _, p := range []string{n, "/usr/sbin/" + n} {
+				if path, err := exec.LookPath(p); err == nil {
+					return path
+				}
+			}
+		}
+		skipOrFail(t, "%s not found", names[0])
+		return ""
+	}
+	server, installDB := find("mariadbd", "mysqld"), find("mariadb-install-db", "mysql_install_db")
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	asRoot := []string{}
+	if os.Geteuid() == 0 {
+		asRoot = []string{"--user=root"} // as make services runs it: nothing to chown
+	}
+	if out, err := exec.Command(installDB, append([]string{"--no-defaults", "--datadir=" + data, "--skip-test-db"}, asRoot...)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", installDB, err, out)
+	}
+	initSQL := filepath.Join(dir, "init.sql")
+	if err := os.WriteFile(initSQL, []byte("CREATE DATABASE IF NOT EXISTS fence;\n"+
+		"CREATE USER IF NOT EXISTS 'fence'@'127.0.0.1' IDENTIFIED BY 'fence';\n"+
+		"GRANT ALL PRIVILEGES ON *.* TO 'fence'@'127.0.0.1';\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv := &mariaDB{server: server, log: filepath.Join(dir, "log"), dsn: fmt.Sprintf("fence:fence@tcp(127.0.0.1:%d)/fence", port), args: append([]string{
+		"--no-defaults", "--datadir=" + data, "--bind-address=127.0.0.1", fmt.Sprintf("--port=%d", port),
+		"--socket=" + filepath.Join(dir, "sock"), "--log-error=" + filepath.Join(dir, "log"),
+		"--init-file=" + initSQL, "--skip-name-resolve",
+		"--innodb-flush-log-at-trx-commit=1", // a commit is on disk before it is acknowledged
+	}, asRoot...)}
+	srv.start(t)
+	t.Cleanup(func() { srv.cmd.Process.Kill(); srv.cmd.Wait() })
+	return srv
+}
+
+// start starts the server and waits, at most a minute, until it answers.
+func (srv *mariaDB) start(t *testing.T) {
+	t.Helper()
+	srv.cmd = exec.Command(srv.server, srv.args...)
+	if err := srv.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", srv.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for deadline := time.Now().Add(time.Minute); db.PingContext(ctx) != nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(srv.log)
+			t.Fatalf("MariaDB did not answer within a minute:\n%s", log)
+		}
+	}
+}
+
+// restart kills the server with SIGKILL, as a crash would, and starts it
+// again on its data.
+func (srv *mariaDB) restart(t *testing.T) {
+	t.Helper()
+	srv.cmd.Process.Kill()
+	srv.cmd.Wait()
+	srv.start(t)
 }
 
 // pgServer is a PostgreSQL server of one test, in a directory of its own.
