@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,6 +101,20 @@ func TestAcquireAndReleaseBatch(t *testing.T) {
 	} {
 		if err := tc.call(); connect.CodeOf(err) != connect.CodeInvalidArgument {
 			t.Errorf("%s: %v; want invalid_argument for the whole call", tc.name, err)
+		}
+	}
+}
+
+// TestInParallelCallsEachIndexOnce: the batch answers are filled in on
+// several goroutines; each index must be filled exactly once, whatever n.
+func TestInParallelCallsEachIndexOnce(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 4, 7, 8, 9, 100, 1000} {
+		calls := make([]atomic.Int32, n)
+		inParallel(n, func(i int) { calls[i].Add(1) })
+		for i := range calls {
+			if c := calls[i].Load(); c != 1 {
+				t.Errorf("n=%d: index %d called %d times; want once", n, i, c)
+			}
 		}
 	}
 }
