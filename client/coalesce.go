@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,11 +15,12 @@ import (
 const maxCoalesced = 256
 
 // coalescer sends the concurrent calls of one kind made on a Client
-// together. A call that finds none in flight goes out at once, alone, as
-// the single RPC; the calls made while one is in flight queue and leave
-// together, as one batch RPC, when it returns. There is no timer: a lone
-// caller waits for nothing, and under load the batch grows with the time
-// one call takes. It is safe for concurrent use.
+// together. A call that finds none in flight goes out at once, with the
+// calls made while its goroutine yielded once; the calls made while one is
+// in flight queue and leave together, as one batch RPC, when it returns. A
+// batch of one is the single RPC. There is no timer: a lone caller waits
+// for nothing, and under load the batch grows with the time one call
+// takes. It is safe for concurrent use.
 type coalescer[In, Out any] struct {
 	// one makes the single call.
 	one func(ctx context.Context, in In) (Out, error)
@@ -45,16 +47,24 @@ type pending[In, Out any] struct {
 
 // do makes the call for in, alone or in the next batch.
 func (b *coalescer[In, Out]) do(ctx context.Context, in In) (Out, error) {
+	p := &pending[In, Out]{in: in, ctx: ctx, done: make(chan struct{})}
 	b.mu.Lock()
+	b.queue = append(b.queue, p)
 	if !b.running {
 		b.running = true
 		b.mu.Unlock()
-		out, err := b.one(ctx, in)
+		// The answer of a batch wakes its callers one after another, and
+		// their next calls come together: without this yield the first
+		// went out alone, and the rest waited a round trip for it
+		// (BENCHMARKS.md, "Waves").
+		runtime.Gosched()
+		b.mu.Lock()
+		batch := b.takeLocked()
+		b.mu.Unlock()
+		b.send(batch)
 		b.next()
-		return out, err
+		return p.out, p.err
 	}
-	p := &pending[In, Out]{in: in, ctx: ctx, done: make(chan struct{})}
-	b.queue = append(b.queue, p)
 	b.mu.Unlock()
 	select {
 	case <-p.done:
@@ -83,17 +93,23 @@ func (b *coalescer[In, Out]) next() {
 func (b *coalescer[In, Out]) run() {
 	for {
 		b.mu.Lock()
-		n := min(len(b.queue), maxCoalesced)
-		if n == 0 {
+		batch := b.takeLocked()
+		if len(batch) == 0 {
 			b.running = false
 			b.mu.Unlock()
 			return
 		}
-		batch := b.queue[:n:n]
-		b.queue = b.queue[n:]
 		b.mu.Unlock()
 		b.send(batch)
 	}
+}
+
+// takeLocked removes the next batch from the queue. b.mu is held.
+func (b *coalescer[In, Out]) takeLocked() []*pending[In, Out] {
+	n := min(len(b.queue), maxCoalesced)
+	batch := b.queue[:n:n]
+	b.queue = b.queue[n:]
+	return batch
 }
 
 // send makes one call for the batch's callers still waiting. The call lasts
@@ -103,7 +119,8 @@ func (b *coalescer[In, Out]) send(batch []*pending[In, Out]) {
 	live := batch[:0:0]
 	for _, p := range batch {
 		if p.ctx.Err() != nil {
-			close(p.done) // its caller has returned already
+			p.err = p.ctx.Err()
+			close(p.done) // its caller has returned already, or is the one sending
 			continue
 		}
 		live = append(live, p)
