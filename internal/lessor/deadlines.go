@@ -35,11 +35,17 @@ type deadlines struct {
 }
 
 // deadline is kept small, 48 bytes: there is one per held lease.
+//
+// The heap orders deadlines by key, which is never later than at: a renewal
+// moves at alone, in constant time, and due keys the deadline at its new at
+// when it comes to the top. A lease renewed many times a TTL moves in the
+// heap at most once a TTL, off the renewal's path (BENCHMARKS.md,
+// "Renewals without the heap").
 type deadline struct {
 	scope    string
 	token    uint64
-	ttl      time.Duration
 	at       time.Duration // since deadlines.base
+	key      time.Duration // the heap's order; key <= at
 	index    int32         // in the heap
 	expiring bool
 }
@@ -62,7 +68,8 @@ func (d *deadlines) setLocked(scope string, l fsm.Lease, now time.Time) {
 	if old := d.by[scope]; old != nil {
 		heap.Remove(&d.heap, int(old.index))
 	}
-	e := &deadline{scope: scope, token: l.Token, ttl: l.TTL, at: d.since(now) + l.TTL}
+	at := d.since(now) + l.TTL
+	e := &deadline{scope: scope, token: l.Token, at: at, key: at}
 	d.by[scope] = e
 	heap.Push(&d.heap, e)
 	select {
@@ -94,15 +101,23 @@ func (d *deadlines) reset(n int, leases iter.Seq2[string, fsm.Lease], now time.T
 	}
 }
 
-// renew extends the lease to a full TTL from now, unless its expiry has
-// been decided. check reads the state machine's view of the lease ID; it
-// runs under d's lock so that decision cannot slip in between. The caller
-// already holds the state lock (see the lock order above): check must not
-// take it.
-func (d *deadlines) renew(scope string, now time.Time, check func() fsm.Result) (fsm.Result, time.Duration) {
+// renew extends each lease check finds granted to a full TTL from now,
+// unless its expiry has been decided, and passes what it decided to done.
+// check reads the state machine's view of a lease ID; it runs under d's
+// lock so that decision cannot slip in between, and one lock covers the
+// whole batch. The caller already holds the state lock (see the lock order
+// above): check must not take it.
+func (d *deadlines) renew(n int, now time.Time, check func(i int) (scope string, r fsm.Result), done func(i int, r fsm.Result, ttl time.Duration)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := check()
+	for i := range n {
+		scope, r := check(i)
+		r, ttl := d.renewLocked(scope, now, r)
+		done(i, r, ttl)
+	}
+}
+
+func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) (fsm.Result, time.Duration) {
 	if r.Outcome != fsm.Granted {
 		return r, 0
 	}
@@ -115,8 +130,7 @@ func (d *deadlines) renew(scope string, now time.Time, check func() fsm.Result) 
 	case e.expiring:
 		return fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}, 0
 	default:
-		e.at = d.since(now) + e.ttl
-		heap.Fix(&d.heap, int(e.index))
+		e.at = max(e.at, d.since(now)+r.Lease.TTL)
 	}
 	return r, r.Lease.TTL
 }
@@ -140,18 +154,25 @@ func (d *deadlines) due(now time.Time, limit int) ([]deadline, time.Time) {
 	t := d.since(now)
 	for len(d.heap) > 0 && len(out) < limit {
 		e := d.heap[0]
+		if e.key > t {
+			return out, d.base.Add(e.key)
+		}
 		if e.at > t {
-			return out, d.base.Add(e.at)
+			// Renewed since it was keyed.
+			e.key = e.at
+			heap.Fix(&d.heap, 0)
+			continue
 		}
 		e.expiring = true
 		// Keep it tracked but out of the way until the Expire is applied
 		// (ended) or fails (retry).
 		e.at = t + time.Hour
+		e.key = e.at
 		heap.Fix(&d.heap, 0)
 		out = append(out, *e)
 	}
 	if len(d.heap) > 0 {
-		return out, d.base.Add(d.heap[0].at)
+		return out, d.base.Add(d.heap[0].key)
 	}
 	return out, time.Time{}
 }
@@ -163,6 +184,7 @@ func (d *deadlines) retry(scope string, token uint64, at time.Time) {
 	defer d.mu.Unlock()
 	if e := d.by[scope]; e != nil && e.token == token && e.expiring {
 		e.at = d.since(at)
+		e.key = e.at
 		heap.Fix(&d.heap, int(e.index))
 	}
 }
@@ -170,7 +192,7 @@ func (d *deadlines) retry(scope string, token uint64, at time.Time) {
 type deadlineHeap []*deadline
 
 func (h deadlineHeap) Len() int           { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].key < h[j].key }
 func (h deadlineHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index, h[j].index = int32(i), int32(j)

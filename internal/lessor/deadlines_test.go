@@ -8,14 +8,19 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
+	"pgregory.net/rapid"
 )
 
 func lease(token uint64, ttl time.Duration) fsm.Lease {
 	return fsm.Lease{Token: token, ID: fence.NewLeaseID(), TTL: ttl}
 }
 
-func granted(l fsm.Lease) func() fsm.Result {
-	return func() fsm.Result { return fsm.Result{Outcome: fsm.Granted, Lease: l} }
+// renewOne renews scope's lease l, which the state machine holds granted.
+func renewOne(d *deadlines, scope string, now time.Time, l fsm.Lease) (r fsm.Result, ttl time.Duration) {
+	d.renew(1, now,
+		func(int) (string, fsm.Result) { return scope, fsm.Result{Outcome: fsm.Granted, Lease: l} },
+		func(_ int, got fsm.Result, d time.Duration) { r, ttl = got, d })
+	return r, ttl
 }
 
 func TestDeadlinesRenewExtendsFromNow(t *testing.T) {
@@ -26,7 +31,7 @@ func TestDeadlinesRenewExtendsFromNow(t *testing.T) {
 	if got := d.left("a", 7, t0.Add(4*time.Second)); got != 6*time.Second {
 		t.Fatalf("left after 4s = %v, want 6s", got)
 	}
-	r, ttl := d.renew("a", t0.Add(4*time.Second), granted(l))
+	r, ttl := renewOne(d, "a", t0.Add(4*time.Second), l)
 	if r.Outcome != fsm.Granted || ttl != 10*time.Second || r.Lease.Token != 7 {
 		t.Fatalf("renew = %v %v token %d", r.Outcome, ttl, r.Lease.Token)
 	}
@@ -52,7 +57,7 @@ func TestDeadlinesNoRenewalAfterExpiryDecided(t *testing.T) {
 	if due, _ := d.due(t0.Add(time.Second), 10); len(due) != 1 {
 		t.Fatalf("due = %+v, want one", due)
 	}
-	r, _ := d.renew("a", t0.Add(time.Second), granted(l))
+	r, _ := renewOne(d, "a", t0.Add(time.Second), l)
 	if r.Outcome != fsm.Lost {
 		t.Fatalf("renew after expiry decided = %v, want lost", r.Outcome)
 	}
@@ -121,4 +126,107 @@ func TestDeadlineIsSmall(t *testing.T) {
 	if n := unsafe.Sizeof(deadline{}); n > 48 {
 		t.Fatalf("a deadline takes %d bytes, was 48", n)
 	}
+}
+
+// TestDeadlinesAgainstModel drives deadlines through random grants,
+// renewals, expiry decisions, retries and ends, on a clock that only moves
+// forward, and checks each answer against a plain map of true deadlines:
+// due hands out only leases whose deadline passed, as many as it may, and
+// the next wake-up it names is never later than the earliest deadline, so
+// a renewal that moves a deadline without touching the heap cannot make a
+// lease outlive it unexpired or expire early.
+func TestDeadlinesAgainstModel(t *testing.T) {
+	type want struct {
+		l        fsm.Lease
+		at       time.Duration // since t0
+		expiring bool
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		d := newDeadlines()
+		t0 := d.base
+		var now time.Duration
+		model := map[string]*want{}
+		var token uint64
+		scopes := []string{"a", "b", "c", "d", "e"}
+		for range rapid.IntRange(1, 200).Draw(rt, "steps") {
+			scope := rapid.SampledFrom(scopes).Draw(rt, "scope")
+			m := model[scope]
+			switch rapid.IntRange(0, 6).Draw(rt, "op") {
+			case 0: // grant (a new lease replaces an old one)
+				token++
+				l := lease(token, time.Duration(rapid.IntRange(1, 5).Draw(rt, "ttl"))*time.Second)
+				d.granted(scope, l, t0.Add(now))
+				model[scope] = &want{l: l, at: now + l.TTL}
+			case 1, 2: // renew
+				if m == nil {
+					continue
+				}
+				r, ttl := renewOne(d, scope, t0.Add(now), m.l)
+				if m.expiring {
+					if r.Outcome != fsm.Lost {
+						rt.Fatalf("renew of %s after its expiry was decided = %v; want lost", scope, r.Outcome)
+					}
+					continue
+				}
+				if r.Outcome != fsm.Granted || ttl != m.l.TTL {
+					rt.Fatalf("renew of %s = %v %v; want granted %v", scope, r.Outcome, ttl, m.l.TTL)
+				}
+				m.at = max(m.at, now+m.l.TTL)
+			case 3: // the expiry loop
+				limit := rapid.IntRange(1, 3).Draw(rt, "limit")
+				due, next := d.due(t0.Add(now), limit)
+				ready := 0
+				earliest := time.Duration(-1)
+				for _, w := range model {
+					if w.at <= now {
+						ready++
+					}
+				}
+				if len(due) != min(limit, ready) {
+					rt.Fatalf("at %v: due handed out %d of %d leases past their deadline (limit %d)", now, len(due), ready, limit)
+				}
+				for _, e := range due {
+					w := model[e.scope]
+					if w == nil || w.l.Token != e.token || w.at > now {
+						rt.Fatalf("at %v: due handed out %s/%d, not past its deadline (model %+v)", now, e.scope, e.token, w)
+					}
+					w.expiring, w.at = true, now+time.Hour
+				}
+				for _, w := range model {
+					if earliest < 0 || w.at < earliest {
+						earliest = w.at
+					}
+				}
+				switch {
+				case earliest < 0 && !next.IsZero():
+					rt.Fatalf("at %v: next %v with no lease held", now, next.Sub(t0))
+				case earliest >= 0 && (next.IsZero() || next.Sub(t0) > earliest):
+					rt.Fatalf("at %v: next wake-up %v is after the earliest deadline %v", now, next.Sub(t0), earliest)
+				}
+			case 4: // the Expire failed: try again a little later
+				if m == nil || !m.expiring {
+					continue
+				}
+				m.at = now + 100*time.Millisecond
+				d.retry(scope, m.l.Token, t0.Add(m.at))
+			case 5: // released or expired
+				if m == nil {
+					continue
+				}
+				d.ended(scope, m.l.Token)
+				delete(model, scope)
+			case 6:
+				now += time.Duration(rapid.IntRange(0, 3000).Draw(rt, "ms")) * time.Millisecond
+			}
+			for s, w := range model {
+				left := max(w.at-now, 0)
+				if w.expiring {
+					left = 0
+				}
+				if got := d.left(s, w.l.Token, t0.Add(now)); got != left {
+					rt.Fatalf("at %v: %s has %v left; want %v", now, s, got, left)
+				}
+			}
+		}
+	})
 }

@@ -334,12 +334,41 @@ func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, 
 // current lease and its expiry has not been decided, and returns the
 // lease's TTL. The caller confirms the renewal to its holder only once it
 // has confirmed this node still leads.
-func (l *Lessor) Renew(scope string, id fence.LeaseID) (r fsm.Result, ttl time.Duration) {
-	// The state lock first, then the deadlines': see the lock order.
-	l.node.Read(func(st *fsm.State) {
-		r, ttl = l.deadlines.renew(scope, time.Now(), func() fsm.Result { return st.Check(scope, id) })
-	})
-	return r, ttl
+func (l *Lessor) Renew(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
+	out := l.RenewBatch([]Renewal{{Scope: scope, ID: id}})
+	return out[0].Result, out[0].TTL
+}
+
+// Renewal names a lease to renew.
+type Renewal struct {
+	Scope string
+	ID    fence.LeaseID
+}
+
+// Renewed is what Renew decides for one lease.
+type Renewed struct {
+	fsm.Result
+	TTL time.Duration
+}
+
+// renewChunk bounds the renewals made under one hold of the locks, so that
+// a large batch does not hold the state machine's writer back for long.
+const renewChunk = 128
+
+// RenewBatch renews each lease as Renew does, taking the locks once for
+// many of them.
+func (l *Lessor) RenewBatch(rs []Renewal) []Renewed {
+	out := make([]Renewed, len(rs))
+	for start := 0; start < len(rs); start += renewChunk {
+		chunk := rs[start:min(start+renewChunk, len(rs))]
+		// The state lock first, then the deadlines': see the lock order.
+		l.node.Read(func(st *fsm.State) {
+			l.deadlines.renew(len(chunk), time.Now(),
+				func(i int) (string, fsm.Result) { return chunk[i].Scope, st.Check(chunk[i].Scope, chunk[i].ID) },
+				func(i int, r fsm.Result, ttl time.Duration) { out[start+i] = Renewed{r, ttl} })
+		})
+	}
+	return out
 }
 
 // Batch proposes acquires without wait and releases, stamped and validated

@@ -18,6 +18,7 @@ import (
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/internal/authz"
 	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/lessor"
 	"github.com/fence-dev/fence/internal/wire"
 )
 
@@ -258,14 +259,22 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	extended := false
-	for i := range batch {
-		b := &batch[i]
-		if b.err != nil {
-			continue
+	asked := make([]lessor.Renewal, 0, len(batch))
+	at := make([]int, 0, len(batch)) // asked[j] is batch[at[j]]
+	for i, b := range batch {
+		if b.err == nil {
+			asked = append(asked, lessor.Renewal{Scope: b.scope, ID: b.id})
+			at = append(at, i)
 		}
-		b.r, b.ttl = s.extend(b.scope, b.id)
-		extended = extended || b.r.Outcome == fsm.Granted
+	}
+	extended := false
+	for j, r := range s.lessor.RenewBatch(asked) {
+		b := &batch[at[j]]
+		b.r, b.ttl = r.Result, r.TTL
+		if r.Outcome != fsm.Granted {
+			s.renewRefused(r.Result)
+		}
+		extended = extended || r.Outcome == fsm.Granted
 	}
 	if extended {
 		if err := s.node.ConfirmLeader(ctx); err != nil {
