@@ -21,7 +21,7 @@ const (
 	// Postgres is PostgreSQL 9.5 or later (ON CONFLICT), for instance
 	// through github.com/jackc/pgx/v5/stdlib.
 	Postgres Dialect = iota + 1
-	// SQLite is SQLite 3.35 or later (RETURNING), for instance through
+	// SQLite is SQLite 3.35 or later, for instance through
 	// modernc.org/sqlite.
 	SQLite
 	// MySQL is MySQL or MariaDB with InnoDB tables, for instance through
@@ -86,14 +86,22 @@ func (d Dialect) createTable(table string) string {
 // no other fenced write of the scope runs between this check and the
 // commit of the caller's writes.
 //
-// On PostgreSQL and SQLite the statement returns a row if and only if it
-// inserted or updated, that is, accepted the write. MySQL's upsert returns
-// no rows, and its rows-affected count is 0 both for a stale write and for
-// an accepted one that changed nothing (and 1 for both with
-// clientFoundRows). So the statement reports through LAST_INSERT_ID(expr),
-// whose argument the server sends back as the OK packet's insert id: 1 when
-// it inserts or accepts, 2 when the write is stale; any other value means
-// the report was lost and the write is refused.
+// On PostgreSQL the statement returns a row if and only if it inserted or
+// updated, that is, accepted the write. On SQLite it returns none: its
+// count of changed rows (sqlite3_changes, RowsAffected) is 1 if it
+// inserted or updated and 0 if the WHERE refused the update. The count
+// takes only the statement's own row, never a trigger's, and includes an
+// accepted update that rewrote the same mark. A result row would cost each
+// write database/sql's Rows, and a goroutine watching its context, for
+// one bit.
+//
+// MySQL's upsert returns no rows, and its rows-affected count is 0 both
+// for a stale write and for an accepted one that changed nothing (and 1
+// for both with clientFoundRows). So the statement reports through
+// LAST_INSERT_ID(expr), whose argument the server sends back as the OK
+// packet's insert id: 1 when it inserts or accepts, 2 when the write is
+// stale; any other value means the report was lost and the write is
+// refused.
 //
 // Non-strict, the same token with the same sequence is accepted; strict,
 // the sequence must grow. A sequence of 0 means none: ordered by token
@@ -105,16 +113,15 @@ func (d Dialect) advance(table string, strict bool) string {
 	}
 	switch d {
 	case Postgres, SQLite:
-		greatest, p := "GREATEST", "$"
+		greatest, p, returning := "GREATEST", "$", "\nRETURNING 1"
 		if d == SQLite {
-			greatest, p = "max", "?"
+			greatest, p, returning = "max", "?", ""
 		}
 		return strings.NewReplacer("$", p, "GREATEST", greatest, "AFTER", after, "TABLE", table).Replace(
 			`INSERT INTO TABLE AS f (scope, token, seq) VALUES ($1, $2, $3)
 ON CONFLICT (scope) DO UPDATE SET token = excluded.token,
 	seq = CASE WHEN excluded.token > f.token THEN excluded.seq ELSE GREATEST(f.seq, excluded.seq) END
-WHERE excluded.token > f.token OR excluded.token = f.token AND (excluded.seq = 0 OR excluded.seq AFTER f.seq)
-RETURNING 1`)
+WHERE excluded.token > f.token OR excluded.token = f.token AND (excluded.seq = 0 OR excluded.seq AFTER f.seq)`) + returning
 	default:
 		stale := "<"
 		if strict {
@@ -134,13 +141,21 @@ ON DUPLICATE KEY UPDATE
 // accepted runs advance's statement for scope, token t and sequence s and
 // reports whether it accepted the write.
 func (d Dialect) accepted(ctx context.Context, st *sql.Stmt, scope string, t, s int64) (bool, error) {
-	if d != MySQL {
+	switch d {
+	case Postgres:
 		var one int
 		err := st.QueryRowContext(ctx, scope, t, s).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, nil
 		}
 		return err == nil, err
+	case SQLite:
+		res, err := st.ExecContext(ctx, scope, t, s)
+		if err != nil {
+			return false, err
+		}
+		n, err := res.RowsAffected()
+		return err == nil && n == 1, err
 	}
 	res, err := st.ExecContext(ctx, scope, t, s, t, t, s, s, t, s, s, t)
 	if err != nil {

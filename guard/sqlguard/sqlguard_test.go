@@ -281,3 +281,53 @@ func TestNewRefusesBadNames(t *testing.T) {
 		t.Errorf("dialect 0 = %v, want ErrInvalid", err)
 	}
 }
+
+// TestSQLiteFenceTableTriggers: SQLite's fence statement tells an accepted
+// write from a stale one by its count of changed rows, which must take
+// only the statement's own row. Triggers on the fence table that write
+// elsewhere (an audit log, say) must neither make a stale write pass nor
+// an accepted one fail; nor may an accepted write that rewrites the same
+// mark, which changes no byte, look stale.
+func TestSQLiteFenceTableTriggers(t *testing.T) {
+	db, name := newDB(t, sqlguard.SQLite)
+	s := newStore(t, db, sqlguard.SQLite, sqlguard.WithTable(name), quiet)
+	audit := name + "_audit"
+	mustExec(t, db, "CREATE TABLE "+audit+" (what TEXT NOT NULL, token INTEGER NOT NULL)")
+	for _, tr := range []string{
+		"CREATE TRIGGER " + name + "_bi BEFORE INSERT ON " + name + " BEGIN INSERT INTO " + audit + " VALUES ('insert', NEW.token), ('insert', NEW.token); END",
+		"CREATE TRIGGER " + name + "_au AFTER UPDATE ON " + name + " BEGIN INSERT INTO " + audit + " VALUES ('update', NEW.token); END",
+	} {
+		mustExec(t, db, tr)
+	}
+	update := func(w guard.Write) error {
+		return s.Update(ctx, w.Token.Scope, w, func(*sql.Tx) error { return nil })
+	}
+	for _, c := range []struct {
+		w     guard.Write
+		stale bool
+	}{
+		{wr("a", 5, 0), false},
+		{wr("a", 5, 0), false}, // the same mark again
+		{wr("a", 5, 3), false},
+		{wr("a", 5, 3), false}, // the same sequence, not strict
+		{wr("a", 4, 0), true},  // its BEFORE INSERT trigger writes two rows
+		{wr("a", 5, 2), true},
+		{wr("a", 6, 0), false},
+	} {
+		err := update(c.w)
+		if stale := errors.Is(err, fence.ErrStale); stale != c.stale || err != nil && !stale {
+			t.Fatalf("write %+v = %v, want stale %v", c.w, err, c.stale)
+		}
+	}
+	if m, err := s.Highest(ctx, "a"); err != nil || m != (guard.Mark{Token: 6}) {
+		t.Fatalf("mark %+v, %v; want token 6", m, err)
+	}
+	// A stale write's trigger rows roll back with it; those of token 6, an
+	// upsert of an existing row like token 4's, show that the BEFORE
+	// INSERT trigger ran for it.
+	var inserts, updates int
+	err := db.QueryRow("SELECT count(*) FILTER (WHERE what = 'insert'), count(*) FILTER (WHERE what = 'update') FROM "+audit+" WHERE token = 6").Scan(&inserts, &updates)
+	if err != nil || inserts != 2 || updates != 1 {
+		t.Fatalf("token 6's triggers wrote %d and %d rows (%v), want 2 and 1: the test no longer tries what it says", inserts, updates, err)
+	}
+}
