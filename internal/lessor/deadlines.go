@@ -101,25 +101,23 @@ func (d *deadlines) reset(n int, leases iter.Seq2[string, fsm.Lease], now time.T
 	}
 }
 
-// renew extends each lease check finds granted to a full TTL from now,
-// unless its expiry has been decided, and passes what it decided to done.
-// check reads the state machine's view of a lease ID; it runs under d's
-// lock so that decision cannot slip in between, and one lock covers the
-// whole batch. The caller already holds the state lock (see the lock order
-// above): check must not take it.
-func (d *deadlines) renew(n int, now time.Time, check func(i int) (scope string, r fsm.Result), done func(i int, r fsm.Result, ttl time.Duration)) {
+// renew extends each of rs that check finds granted to a full TTL from
+// now, unless its expiry has been decided, and puts what it decided in the
+// same place of out. check reads the state machine's view of a lease ID;
+// it runs under d's lock so that decision cannot slip in between, and one
+// lock covers the whole batch. The caller already holds the state lock
+// (see the lock order above): check must not take it.
+func (d *deadlines) renew(now time.Time, rs []Renewal, out []Renewed, check func(Renewal) fsm.Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i := range n {
-		scope, r := check(i)
-		r, ttl := d.renewLocked(scope, now, r)
-		done(i, r, ttl)
+	for i, r := range rs {
+		out[i] = d.renewLocked(r.Scope, now, check(r))
 	}
 }
 
-func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) (fsm.Result, time.Duration) {
+func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) Renewed {
 	if r.Outcome != fsm.Granted {
-		return r, 0
+		return Renewed{Result: r}
 	}
 	e := d.by[scope]
 	switch {
@@ -128,11 +126,11 @@ func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) (fsm.
 		// delivered before grants are answered; track it to be safe.
 		d.setLocked(scope, r.Lease, now)
 	case e.expiring:
-		return fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}, 0
+		return Renewed{Result: fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}}
 	default:
 		e.at = max(e.at, d.since(now)+r.Lease.TTL)
 	}
-	return r, r.Lease.TTL
+	return Renewed{Result: r, TTL: r.Lease.TTL}
 }
 
 // left reports the time left of the lease with this token, 0 if untracked.

@@ -16,11 +16,10 @@ func lease(token uint64, ttl time.Duration) fsm.Lease {
 }
 
 // renewOne renews scope's lease l, which the state machine holds granted.
-func renewOne(d *deadlines, scope string, now time.Time, l fsm.Lease) (r fsm.Result, ttl time.Duration) {
-	d.renew(1, now,
-		func(int) (string, fsm.Result) { return scope, fsm.Result{Outcome: fsm.Granted, Lease: l} },
-		func(_ int, got fsm.Result, d time.Duration) { r, ttl = got, d })
-	return r, ttl
+func renewOne(d *deadlines, scope string, now time.Time, l fsm.Lease) (fsm.Result, time.Duration) {
+	out := make([]Renewed, 1)
+	d.renew(now, []Renewal{{Scope: scope, ID: l.ID}}, out, func(Renewal) fsm.Result { return fsm.Result{Outcome: fsm.Granted, Lease: l} })
+	return out[0].Result, out[0].TTL
 }
 
 func TestDeadlinesRenewExtendsFromNow(t *testing.T) {

@@ -330,22 +330,14 @@ func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, 
 	return fsm.Result{}, fmt.Errorf("wait for %q: %w", queued.Scope, ctx.Err())
 }
 
-// Renew moves a lease's deadline a full TTL ahead if id is the scope's
-// current lease and its expiry has not been decided, and returns the
-// lease's TTL. The caller confirms the renewal to its holder only once it
-// has confirmed this node still leads.
-func (l *Lessor) Renew(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
-	out := l.RenewBatch([]Renewal{{Scope: scope, ID: id}})
-	return out[0].Result, out[0].TTL
-}
-
 // Renewal names a lease to renew.
 type Renewal struct {
 	Scope string
 	ID    fence.LeaseID
 }
 
-// Renewed is what Renew decides for one lease.
+// Renewed is what RenewBatch decides for one lease: the lease as checked
+// (or why not), and its TTL if renewed.
 type Renewed struct {
 	fsm.Result
 	TTL time.Duration
@@ -355,17 +347,17 @@ type Renewed struct {
 // a large batch does not hold the state machine's writer back for long.
 const renewChunk = 128
 
-// RenewBatch renews each lease as Renew does, taking the locks once for
-// many of them.
+// RenewBatch moves each lease's deadline a full TTL ahead if its ID is the
+// scope's current lease and its expiry has not been decided, taking the
+// locks once for many of them. The caller confirms a renewal to its holder
+// only once it has confirmed this node still leads.
 func (l *Lessor) RenewBatch(rs []Renewal) []Renewed {
 	out := make([]Renewed, len(rs))
 	for start := 0; start < len(rs); start += renewChunk {
-		chunk := rs[start:min(start+renewChunk, len(rs))]
+		end := min(start+renewChunk, len(rs))
 		// The state lock first, then the deadlines': see the lock order.
 		l.node.Read(func(st *fsm.State) {
-			l.deadlines.renew(len(chunk), time.Now(),
-				func(i int) (string, fsm.Result) { return chunk[i].Scope, st.Check(chunk[i].Scope, chunk[i].ID) },
-				func(i int, r fsm.Result, ttl time.Duration) { out[start+i] = Renewed{r, ttl} })
+			l.deadlines.renew(time.Now(), rs[start:end], out[start:end], func(r Renewal) fsm.Result { return st.Check(r.Scope, r.ID) })
 		})
 	}
 	return out

@@ -213,7 +213,8 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	r, ttl := s.extend(scope, id)
+	e := s.extend([]lessor.Renewal{{Scope: scope, ID: id}})[0]
+	r, ttl := e.Result, e.TTL
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
@@ -240,9 +241,8 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	type renewal struct {
 		scope string
 		id    fence.LeaseID
-		r     fsm.Result
-		ttl   time.Duration
-		err   error // refused before it was looked at
+		lessor.Renewed
+		err error // refused before it was looked at
 	}
 	batch := make([]renewal, len(rs))
 	for i, r := range rs {
@@ -268,12 +268,8 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 		}
 	}
 	extended := false
-	for j, r := range s.lessor.RenewBatch(asked) {
-		b := &batch[at[j]]
-		b.r, b.ttl = r.Result, r.TTL
-		if r.Outcome != fsm.Granted {
-			s.renewRefused(r.Result)
-		}
+	for j, r := range s.extend(asked) {
+		batch[at[j]].Renewed = r
 		extended = extended || r.Outcome == fsm.Granted
 	}
 	if extended {
@@ -287,28 +283,29 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(b.err)}
 			continue
 		}
-		if b.r.Outcome != fsm.Granted {
-			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(s.outcomeError(b.r))}
+		if b.Outcome != fsm.Granted {
+			out[i] = &fencev1.RenewResult{Failure: wire.ToFailure(s.outcomeError(b.Result))}
 			continue
 		}
-		s.confirmed(ctx, b.scope, b.r.Lease, b.ttl)
-		out[i] = &fencev1.RenewResult{ExpiresIn: durationpb.New(b.ttl)}
+		s.confirmed(ctx, b.scope, b.Lease, b.TTL)
+		out[i] = &fencev1.RenewResult{ExpiresIn: durationpb.New(b.TTL)}
 		if req.Msg.Leases {
-			out[i].Lease = s.lease(b.scope, b.r.Lease, true)
+			out[i].Lease = s.lease(b.scope, b.Lease, true)
 		}
 	}
 	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
 }
 
-// extend moves a lease's deadline a full TTL ahead if id is the scope's
-// current lease and its expiry has not been decided; a lease found lost is
-// published as such. The caller confirms only after ConfirmLeader.
-func (s *Server) extend(scope string, id fence.LeaseID) (fsm.Result, time.Duration) {
-	r, ttl := s.lessor.Renew(scope, id)
-	if r.Outcome != fsm.Granted {
-		s.renewRefused(r)
+// extend renews each lease as lessor.RenewBatch does, and publishes those
+// found lost as such. The caller confirms only after ConfirmLeader.
+func (s *Server) extend(rs []lessor.Renewal) []lessor.Renewed {
+	out := s.lessor.RenewBatch(rs)
+	for _, r := range out {
+		if r.Outcome != fsm.Granted {
+			s.renewRefused(r.Result)
+		}
 	}
-	return r, ttl
+	return out
 }
 
 // confirmed records a renewal confirmed to its holder.
