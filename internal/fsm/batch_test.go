@@ -73,7 +73,8 @@ func TestBatchRefusedWhole(t *testing.T) {
 	}{
 		{"empty", BatchFormat, batchOf(), "0 in one batch"},
 		{"too many", BatchFormat, batchOf(tooMany...), "1001 in one batch"},
-		{"waiting acquire", BatchFormat, batchOf(acquire("a", 1), acquire("b", 2, wait)), "waiting acquire"},
+		{"waiting acquire, format 3", BatchFormat, batchOf(acquire("a", 1), acquire("b", 2, wait)), "waiting acquire in a batch under log format 3"},
+		{"waiting acquire, format 4", WaitBatchFormat - 1, batchOf(acquire("a", 1), acquire("b", 2, wait)), "waiting acquire in a batch under log format 4"},
 		{"expire", BatchFormat, batchOf(expire("a", 1)), `"expire" in a batch`},
 		{"nested", BatchFormat, batchOf(batchOf(acquire("a", 1))), `"batch" in a batch`},
 		{"format 1", 1, batchOf(acquire("a", 1)), "log format 1"},
@@ -93,6 +94,25 @@ func TestBatchRefusedWhole(t *testing.T) {
 	}
 }
 
+// TestBatchJoinsTheLine: from WaitBatchFormat on, waiting acquires in a
+// batch join the line in their order, and a release later in the same
+// batch grants the first of them.
+func TestBatchJoinsTheLine(t *testing.T) {
+	s := formatted(WaitBatchFormat)
+	s.Apply(acquire("a", 1))
+	r := s.Apply(batchOf(acquire("a", 2, wait), acquire("a", 3, wait), release("a", 1)))
+	want := []Outcome{Queued, Queued, Released}
+	for i, o := range want {
+		if got := r.Results[i].Outcome; got != o {
+			t.Fatalf("command %d: %v, want %v (%+v)", i, got, o, r.Results)
+		}
+	}
+	got := s.Get("a")
+	if got.Lease == nil || got.Lease.ID != leaseOf(2, 0).ID || got.Lease.Token != 2 || got.Waiters != 1 {
+		t.Fatalf("after the batch: %+v, want the first waiter holding token 2 and one waiting", got)
+	}
+}
+
 // TestBatchDecodes: a batch survives its log form.
 func TestBatchDecodes(t *testing.T) {
 	c := batchOf(acquire("a", 1, reqID("r1"), at(5)), release("a", 1, at(6)))
@@ -105,14 +125,14 @@ func TestBatchDecodes(t *testing.T) {
 	}
 }
 
-// randomBatches turns a random log's acquires (without wait) and releases
-// into batches of one to twenty commands.
-func randomBatches(seed uint64, n int) [][]Command {
+// randomBatches turns a random log's acquires (waiting ones too, if
+// waits) and releases into batches of one to twenty commands.
+func randomBatches(seed uint64, n int, waits bool) [][]Command {
 	rng := rand.New(rand.NewPCG(seed, 0xba7c4))
 	var out [][]Command
 	var cur []Command
 	for _, c := range randomLog(seed, n) {
-		if (c.Op != OpAcquire && c.Op != OpRelease) || c.Wait {
+		if (c.Op != OpAcquire && c.Op != OpRelease) || (c.Wait && !waits) {
 			continue
 		}
 		cur = append(cur, c)
@@ -130,15 +150,21 @@ func randomBatches(seed uint64, n int) [][]Command {
 // TestBatchIsItsCommands is the property the batch rests on: applying a
 // batch is applying its commands one by one, result for result and byte
 // for byte, and, like every entry, applying it again on another replica
-// (from its log form) gives the same.
+// (from its log form) gives the same; from WaitBatchFormat on, with
+// waiting acquires among them.
 func TestBatchIsItsCommands(t *testing.T) {
+	t.Run("format 3", func(t *testing.T) { testBatchIsItsCommands(t, BatchFormat) })
+	t.Run("format 5, with waits", func(t *testing.T) { testBatchIsItsCommands(t, WaitBatchFormat) })
+}
+
+func testBatchIsItsCommands(t *testing.T, format int) {
 	for seed := range uint64(20) {
-		batches := randomBatches(seed, 600)
+		batches := randomBatches(seed, 600, format >= WaitBatchFormat)
 		one, many, decoded := newReplica(), newReplica(), newReplica()
 		for _, s := range []*State{one, many, decoded} {
-			s.Apply(Command{Op: OpSetFormat, Format: BatchFormat})
+			s.Apply(Command{Op: OpSetFormat, Format: format})
 		}
-		var granted int
+		var granted, queued int
 		for i, b := range batches {
 			r := many.Apply(batchOf(b...))
 			d, err := DecodeCommand(batchOf(b...).Encode())
@@ -157,10 +183,16 @@ func TestBatchIsItsCommands(t *testing.T) {
 				if diff := diffResults(r.Results[j], rd.Results[j]); diff != "" {
 					t.Fatalf("seed %d, batch %d, command %d: the decoded batch answers otherwise:\n%s", seed, i, j, diff)
 				}
-				if want.Outcome == Granted {
+				switch want.Outcome {
+				case Granted:
 					granted++
+				case Queued:
+					queued++
 				}
 			}
+		}
+		if format >= WaitBatchFormat && queued == 0 {
+			t.Fatalf("seed %d: no acquire queued in %d batches: the test proves little for waits", seed, len(batches))
 		}
 		if !bytes.Equal(one.Snapshot(), many.Snapshot()) || !bytes.Equal(many.Snapshot(), decoded.Snapshot()) {
 			t.Fatalf("seed %d: batched and one by one reach different snapshots", seed)

@@ -48,8 +48,9 @@ const (
 	OpSetFormat Op = "set_format"
 	// OpBatch applies each of Commands in order, as that many log entries
 	// would, each with its own Result: one log entry for the acquires and
-	// releases of many callers. It exists from log format 3 on; a
-	// proposer must fall back to one entry per command below it.
+	// releases of many callers. It exists from log format 3 on, and may
+	// carry waiting acquires from format 5 on; a proposer must fall back
+	// to one entry per command below it.
 	OpBatch Op = "batch"
 )
 
@@ -64,11 +65,12 @@ const (
 //     the dropped ones.
 //   - 3: OpBatch.
 //   - 4: OpAddKey's ActivateAt: a new key is published before it signs.
+//   - 5: an OpBatch may carry waiting acquires.
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 4
+const LogFormat = 5
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -91,6 +93,11 @@ const MaxBatch = 1000
 
 // BatchFormat is the first log format with OpBatch.
 const BatchFormat = 3
+
+// WaitBatchFormat is the first log format whose OpBatch may carry
+// waiting acquires. Builds before it refuse such a batch whole, so the
+// leader proposes none below it.
+const WaitBatchFormat = 5
 
 // KeyScheduleFormat is the first log format whose OpAddKey may carry
 // ActivateAt. A build before it refuses the field (it decodes with unknown
@@ -217,8 +224,8 @@ func (c Command) Validate() error {
 
 // validateBatch checks only what the batch as a whole needs: each command
 // is validated when it applies, so a malformed one is refused on its own.
-// A waiting acquire is refused because its wait would hold back the
-// answers of the rest.
+// Whether a waiting acquire may be in it depends on the log format, which
+// State.batch checks.
 func validateBatch(cs []Command) error {
 	if len(cs) == 0 || len(cs) > MaxBatch {
 		return &fence.InvalidError{Field: "commands", Reason: fmt.Sprintf("%d in one batch, want 1 to %d", len(cs), MaxBatch)}
@@ -227,8 +234,6 @@ func validateBatch(cs []Command) error {
 		switch {
 		case b.Op != OpAcquire && b.Op != OpRelease:
 			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].op", i), Reason: fmt.Sprintf("%q in a batch; only acquire and release", b.Op)}
-		case b.Wait:
-			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].wait", i), Reason: "a waiting acquire cannot be batched"}
 		case len(b.Commands) > 0:
 			return &fence.InvalidError{Field: fmt.Sprintf("commands[%d].commands", i), Reason: "a batch inside a batch"}
 		}

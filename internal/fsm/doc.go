@@ -57,6 +57,13 @@
 // as before: a build that ignored the field would sign with it at once,
 // and builds before format 4 refuse unknown fields and stop.
 //
+// From format 5 on, an OpBatch may carry waiting acquires: the leader puts
+// the acquires waiting for a held scope into the next entry it proposes,
+// a release's included, so that joining a line costs no fsync of its own.
+// A waiting acquire applies in a batch as it would alone (queued, or
+// granted). Below format 5 such a batch is refused whole, as the builds
+// before it refuse it.
+//
 // # Caveats
 //
 // The floor is shared: a scope created after a busy scope was dropped

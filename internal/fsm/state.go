@@ -281,11 +281,21 @@ func (s *State) Apply(c Command) Result {
 
 // batch applies each command as Apply would apply it alone. Below
 // BatchFormat it refuses the batch whole: the leader proposes none there,
-// and a build that knew no batch halted at it.
+// and a build that knew no batch halted at it. Below WaitBatchFormat it
+// refuses a batch with a waiting acquire whole, as the builds before that
+// format did.
 func (s *State) batch(c Command) Result {
 	if s.Format() < BatchFormat {
 		return Result{Outcome: Invalid, Err: &fence.InvalidError{Field: "op",
 			Reason: fmt.Sprintf("batch under log format %d, from %d on", s.Format(), BatchFormat)}}
+	}
+	if s.Format() < WaitBatchFormat {
+		for i, b := range c.Commands {
+			if b.Wait {
+				return Result{Outcome: Invalid, Err: &fence.InvalidError{Field: fmt.Sprintf("commands[%d].wait", i),
+					Reason: fmt.Sprintf("a waiting acquire in a batch under log format %d, from %d on", s.Format(), WaitBatchFormat)}}
+			}
+		}
 	}
 	r := Result{Outcome: NoOp, Results: make([]Result, len(c.Commands))}
 	for i, b := range c.Commands {

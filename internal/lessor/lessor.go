@@ -11,13 +11,14 @@
 //
 //  1. Lessor.mu, the office: taking office sets ready under it, leaving
 //     office clears ready and cancels the office under it.
-//  2. The state machine's lock, held by Node.Read and by the writer that
+//  2. joins.mu, the parked waiting acquires.
+//  3. The state machine's lock, held by Node.Read and by the writer that
 //     applies commands.
-//  3. deadlines.mu, and waiters.mu beside it (never both at once).
+//  4. deadlines.mu, and waiters.mu beside it (never both at once).
 //
-// The state machine's writer takes 2 and then, after releasing it, 3
+// The state machine's writer takes 3 and then, after releasing it, 4
 // (Applied). sync.RWMutex holds new readers back behind a waiting writer, so
-// a reader that held 3 and then asked for 2 would close a cycle with it.
+// a reader that held 4 and then asked for 3 would close a cycle with it.
 package lessor
 
 import (
@@ -65,6 +66,7 @@ type Lessor struct {
 	opened    chan struct{} // closed by Open
 	deadlines *deadlines
 	waiters   waiters
+	joins     *joins
 	ready     atomic.Bool // leader with a complete state: serving
 
 	mu     sync.Mutex // the office: guards stop, and ready's changes with it
@@ -82,7 +84,7 @@ func New(cfg Config) *Lessor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Lessor{cfg: cfg, opened: make(chan struct{}), deadlines: newDeadlines(), waiters: waiters{m: make(map[string][]chan fsm.Event), tries: make(map[string]*attempts)}}
+	return &Lessor{cfg: cfg, opened: make(chan struct{}), deadlines: newDeadlines(), joins: newJoins(), waiters: waiters{m: make(map[string][]chan fsm.Event), tries: make(map[string]*attempts)}}
 }
 
 // Open gives the lessor its node. The node's leadership and applied events
@@ -136,6 +138,7 @@ func (l *Lessor) Lead(leader bool) {
 			case <-time.After(backoff):
 			}
 		}
+		l.bg.Go(func() { l.flushLoop(ctx) })
 		l.expireLoop(ctx)
 	}()
 }
@@ -159,6 +162,7 @@ func (l *Lessor) Wait() { l.bg.Wait() }
 // before it sets ready never sets it.
 func (l *Lessor) leaveLocked() {
 	l.ready.Store(false)
+	l.joins.leave()
 	if l.stop != nil {
 		l.stop()
 		l.stop = nil
@@ -193,6 +197,7 @@ func (l *Lessor) takeOffice(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	l.joins.enter()
 	l.ready.Store(true)
 	l.cfg.Logger.Info("leader ready", "held_leases", held)
 	return nil
@@ -258,6 +263,9 @@ func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
 			l.deadlines.granted(e.Scope, e.Lease, now)
 		case fsm.EventReleased, fsm.EventExpired:
 			l.deadlines.ended(e.Scope, e.Lease.Token)
+			if l.joins.n.Load() > 0 {
+				l.joins.wake()
+			}
 		}
 		l.waiters.notify(e)
 	}
@@ -287,7 +295,12 @@ func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error)
 		}
 		defer l.waiters.remove(key, wait)
 	}
-	r, err := l.node.Apply(ctx, c)
+	var r fsm.Result
+	if c.Wait {
+		r, err = l.join(ctx, c)
+	} else {
+		r, err = l.proposeOne(ctx, c)
+	}
 	if err != nil {
 		return r, err
 	}
@@ -303,6 +316,54 @@ func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error)
 		l.waiters.answered(key)
 	}
 	return r, err
+}
+
+// join proposes a waiting acquire, or parks it until an entry carries it
+// (see joins).
+func (l *Lessor) join(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	j := l.joins.park(l.node, c, time.Now())
+	if j == nil {
+		return l.proposeOne(ctx, c)
+	}
+	select {
+	case a := <-j.done:
+		return a.r, a.err
+	case <-ctx.Done():
+	}
+	if l.joins.unpark(j) {
+		return fsm.Result{}, fmt.Errorf("wait for %q: %w", c.Scope, ctx.Err())
+	}
+	// An entry carries it: its answer is on its way, and a place in line
+	// is withdrawn as any other.
+	a := <-j.done
+	return a.r, a.err
+}
+
+// flushLoop proposes the parked acquires that must not wait for another
+// entry to carry them, until ctx is done.
+func (l *Lessor) flushLoop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.joins.kick:
+		case <-timer.C:
+		}
+		due, next := l.joins.due(l.node, time.Now())
+		if due {
+			// The acquires it fails are answered with its error.
+			if _, err := l.propose(ctx, nil); err != nil && ctx.Err() == nil {
+				l.cfg.Logger.Warn("proposing waiting acquires failed", "err", err)
+			}
+			next = time.Now() // look again at once
+		}
+		if next.IsZero() {
+			next = time.Now().Add(time.Hour) // nothing parked: a park wakes it
+		}
+		timer.Reset(time.Until(next))
+	}
 }
 
 // awaitGrant waits in line until the queued acquire is granted or its
@@ -410,14 +471,45 @@ func (l *Lessor) admit(c fsm.Command) (done func(), err error) {
 	return l.cfg.Admit(c)
 }
 
-// propose applies a batch's commands, as one log entry if the format
-// allows.
+// proposeOne proposes one command, with the parked acquires.
+func (l *Lessor) proposeOne(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	rs, err := l.propose(ctx, []fsm.Command{c})
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return rs[0], nil
+}
+
+// propose applies a batch's commands after the parked acquires it takes
+// along, as one log entry if the format allows, and returns the results
+// of cs.
 func (l *Lessor) propose(ctx context.Context, cs []fsm.Command) ([]fsm.Result, error) {
+	format := 0
+	l.node.Read(func(st *fsm.State) { format = st.Format() })
+	var taken []*join
+	if format >= fsm.WaitBatchFormat {
+		taken = l.joins.take(fsm.MaxBatch - len(cs))
+	}
+	if len(taken) == 0 {
+		return l.apply(ctx, cs, format)
+	}
+	all := make([]fsm.Command, 0, len(taken)+len(cs))
+	for _, j := range taken {
+		all = append(all, j.c)
+	}
+	rs, err := l.apply(ctx, append(all, cs...), format)
+	l.joins.answer(taken, rs, err)
+	if err != nil {
+		return nil, err
+	}
+	return rs[len(taken):], nil
+}
+
+// apply applies cs, as one log entry if the format allows.
+func (l *Lessor) apply(ctx context.Context, cs []fsm.Command, format int) ([]fsm.Result, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
-	format := 0
-	l.node.Read(func(st *fsm.State) { format = st.Format() })
 	if len(cs) > 1 && format >= fsm.BatchFormat {
 		r, err := l.node.Apply(ctx, fsm.Command{Op: fsm.OpBatch, Commands: cs})
 		if err != nil {
@@ -442,7 +534,7 @@ func (l *Lessor) propose(ctx context.Context, cs []fsm.Command) ([]fsm.Result, e
 
 // Release proposes the release of the scope's lease with this ID.
 func (l *Lessor) Release(ctx context.Context, scope string, id fence.LeaseID) (fsm.Result, error) {
-	return l.node.Apply(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
+	return l.proposeOne(ctx, fsm.Command{Op: fsm.OpRelease, Scope: scope, LeaseID: id, At: time.Now().UnixNano()})
 }
 
 // Left reports the time left of the lease with this token, 0 if this node

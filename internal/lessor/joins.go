@@ -1,0 +1,220 @@
+package lessor
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// maxPark bounds how long a waiting acquire stays parked on the leader
+// before it is proposed in an entry of its own: until it is proposed it is
+// not in the line that queries show.
+const maxPark = 5 * time.Millisecond
+
+// joins parks the waiting acquires for held scopes on the leader until the
+// next entry it proposes, which carries them (from fsm.WaitBatchFormat
+// on), so that joining a line costs no fsync of its own. On a contended
+// scope the holder's release and the previous holder's next acquire arrive
+// together; proposed apart, the release waited for the acquire's fsync
+// and then for its own, two a hand-off.
+//
+// The order of arrival is kept: an acquire parks, rather than being
+// proposed, while others for its scope are parked or on their way, so the
+// line is first come first served as the leader saw them come. A parked
+// acquire is proposed on its own once its scope is free (a release or an
+// expiry not carrying it freed it) or it has waited maxPark.
+type joins struct {
+	mu       sync.Mutex
+	open     bool               // in office
+	parked   map[string][]*join // by scope, in arrival order
+	inflight map[string]int     // taken into an entry, not yet answered, by scope
+	n        atomic.Int32       // parked
+	kick     chan struct{}      // buffered: a parked scope may be free
+	maxPark  time.Duration      // a test's, else maxPark
+}
+
+type join struct {
+	c    fsm.Command
+	at   time.Time
+	done chan joined // buffered; answered once
+}
+
+type joined struct {
+	r   fsm.Result
+	err error
+}
+
+func newJoins() *joins {
+	return &joins{parked: make(map[string][]*join), inflight: make(map[string]int), kick: make(chan struct{}, 1), maxPark: maxPark}
+}
+
+// park parks c, a waiting acquire, and returns it, or returns nil if c
+// must be proposed now: out of office, under a log format without waiting
+// acquires in batches, or its scope free (or held by c's own lease, a
+// retry) and nothing for it parked or on its way.
+func (js *joins) park(n Node, c fsm.Command, now time.Time) *join {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if !js.open {
+		return nil
+	}
+	if len(js.parked[c.Scope]) == 0 && js.inflight[c.Scope] == 0 {
+		held := false
+		n.Read(func(st *fsm.State) {
+			if st.Format() < fsm.WaitBatchFormat {
+				return
+			}
+			l := st.Get(c.Scope).Lease
+			held = l != nil && l.ID != c.LeaseID && (c.RequestID == "" || l.RequestID != c.RequestID)
+		})
+		if !held {
+			return nil
+		}
+	}
+	j := &join{c: c, at: now, done: make(chan joined, 1)}
+	js.parked[c.Scope] = append(js.parked[c.Scope], j)
+	if js.n.Add(1) == 1 {
+		js.wake() // for the flusher to time its maxPark
+	}
+	return j
+}
+
+// unpark takes j back if it is still parked, reporting whether it was:
+// if not, an entry carries it and answers it.
+func (js *joins) unpark(j *join) bool {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	list := js.parked[j.c.Scope]
+	for i, p := range list {
+		if p == j {
+			js.drop(j.c.Scope, append(list[:i:i], list[i+1:]...))
+			js.n.Add(-1)
+			return true
+		}
+	}
+	return false
+}
+
+func (js *joins) drop(scope string, list []*join) {
+	if len(list) == 0 {
+		delete(js.parked, scope)
+	} else {
+		js.parked[scope] = list
+	}
+}
+
+// take takes up to room parked acquires into an entry about to be
+// proposed; answer must follow.
+func (js *joins) take(room int) []*join {
+	if js.n.Load() == 0 || room <= 0 {
+		return nil
+	}
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	var out []*join
+	for scope, list := range js.parked {
+		k := min(len(list), room-len(out))
+		out = append(out, list[:k]...)
+		js.inflight[scope] += k
+		js.drop(scope, list[k:])
+		if len(out) == room {
+			break
+		}
+	}
+	js.n.Add(-int32(len(out)))
+	return out
+}
+
+// answer gives the acquires taken into an entry their results (rs, in
+// their order, or err), and wakes the flusher if acquires parked behind
+// them may now go.
+func (js *joins) answer(taken []*join, rs []fsm.Result, err error) {
+	js.mu.Lock()
+	kick := false
+	for _, j := range taken {
+		if js.inflight[j.c.Scope]--; js.inflight[j.c.Scope] <= 0 {
+			delete(js.inflight, j.c.Scope)
+			kick = kick || len(js.parked[j.c.Scope]) > 0
+		}
+	}
+	js.mu.Unlock()
+	for i, j := range taken {
+		if err != nil {
+			j.done <- joined{err: err}
+		} else {
+			j.done <- joined{r: rs[i]}
+		}
+	}
+	if kick {
+		js.wake()
+	}
+}
+
+// wake tells the flusher to look at the parked acquires again.
+func (js *joins) wake() {
+	select {
+	case js.kick <- struct{}{}:
+	default:
+	}
+}
+
+// due reports whether a parked acquire must be proposed now, its scope
+// free or its wait at maxPark, and if not, when the oldest will be (zero
+// if none is parked).
+func (js *joins) due(n Node, now time.Time) (bool, time.Time) {
+	if js.n.Load() == 0 {
+		return false, time.Time{}
+	}
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	var oldest time.Time
+	for _, list := range js.parked {
+		if at := list[0].at; oldest.IsZero() || at.Before(oldest) {
+			oldest = at
+		}
+	}
+	if oldest.IsZero() {
+		return false, time.Time{}
+	}
+	if !now.Before(oldest.Add(js.maxPark)) {
+		return true, time.Time{}
+	}
+	free := false
+	n.Read(func(st *fsm.State) {
+		for scope := range js.parked {
+			if js.inflight[scope] == 0 && st.Get(scope).Lease == nil {
+				free = true
+				return
+			}
+		}
+	})
+	return free, oldest.Add(js.maxPark)
+}
+
+// enter opens the joins when the leader takes office.
+func (js *joins) enter() {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	js.open = true
+}
+
+// leave closes the joins when the leader leaves office, and answers every
+// parked acquire: it was never proposed, and the next leader has no line
+// to put it in.
+func (js *joins) leave() {
+	js.mu.Lock()
+	js.open = false
+	parked := js.parked
+	js.parked = make(map[string][]*join)
+	js.n.Store(0)
+	js.mu.Unlock()
+	for scope, list := range parked {
+		for _, j := range list {
+			j.done <- joined{err: fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, scope)}
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package lessor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
+)
+
+// eventRecorder is a recorder that hands each entry's events to the
+// lessor, as a node does.
+type eventRecorder struct {
+	recorder
+	l *Lessor
+}
+
+func (r *eventRecorder) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	res, err := r.recorder.Apply(ctx, c)
+	r.l.Applied(res.Events, time.Now())
+	return res, err
+}
+
+func (r *eventRecorder) entries() []fsm.Command {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]fsm.Command(nil), r.proposed...)
+}
+
+// parkingLessor returns a lessor in office on a recorded node at the given
+// log format, whose parked acquires go only with another entry.
+func parkingLessor(t *testing.T, format int) (*Lessor, *eventRecorder) {
+	t.Helper()
+	st := fsm.New()
+	st.Apply(fsm.Command{Op: fsm.OpSetFormat, Format: format})
+	l := New(Config{})
+	node := &eventRecorder{recorder: recorder{st: st}, l: l}
+	l.Open(node)
+	l.joins.maxPark = time.Hour
+	l.joins.enter()
+	return l, node
+}
+
+func waitingAcquire(scope, holder string) fsm.Command {
+	return fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: fence.NewLeaseID(), Holder: holder,
+		TTL: time.Minute, Wait: true, At: time.Now().UnixNano()}
+}
+
+type answer struct {
+	r   fsm.Result
+	err error
+}
+
+// acquireAsync starts a waiting acquire and returns once it is parked
+// (parked acquires in all reaches n).
+func acquireAsync(t *testing.T, ctx context.Context, l *Lessor, c fsm.Command, n int32) chan answer {
+	t.Helper()
+	done := make(chan answer, 1)
+	go func() {
+		r, err := l.Acquire(ctx, c)
+		done <- answer{r, err}
+	}()
+	for end := time.Now().Add(20 * time.Second); l.joins.n.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d acquires parked after 20s, want %d", l.joins.n.Load(), n)
+		}
+	}
+	return done
+}
+
+func await(t *testing.T, ch chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after 20s")
+		return answer{}
+	}
+}
+
+// TestWaitersRideTheRelease: waiting acquires for a held scope cost no
+// entry of their own: the release carries them, in the order they came,
+// and grants the first; the next releases grant the others in that order.
+func TestWaitersRideTheRelease(t *testing.T) {
+	l, node := parkingLessor(t, fsm.WaitBatchFormat)
+	ctx := context.Background()
+	held, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()})
+	if err != nil || held.Outcome != fsm.Granted {
+		t.Fatalf("first acquire: %v, %v", held.Outcome, err)
+	}
+	var waiting []fsm.Command
+	var answers []chan answer
+	for i, h := range []string{"b", "c", "d"} {
+		c := waitingAcquire("s", h)
+		waiting = append(waiting, c)
+		answers = append(answers, acquireAsync(t, ctx, l, c, int32(i+1)))
+	}
+	before := len(node.entries())
+	if before != 1 {
+		t.Fatalf("%d entries before the release, want 1: the waiters were proposed on their own", before)
+	}
+	if _, err := l.Release(ctx, "s", held.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	es := node.entries()
+	if len(es) != 2 || es[1].Op != fsm.OpBatch || len(es[1].Commands) != 4 {
+		t.Fatalf("entries %+v; want the first acquire, then one batch of the three waiters and the release", es)
+	}
+	for i, c := range waiting {
+		if got := es[1].Commands[i].LeaseID; got != c.LeaseID {
+			t.Fatalf("batch command %d: lease %v, want the waiter that came %d (%v)", i, got, i+1, c.LeaseID)
+		}
+	}
+	for i, c := range waiting {
+		a := await(t, answers[i])
+		if a.err != nil || a.r.Outcome != fsm.Granted || a.r.Lease.ID != c.LeaseID {
+			t.Fatalf("waiter %d: %v, %v; want granted", i, a.r.Outcome, a.err)
+		}
+		if i+1 < len(answers) {
+			select {
+			case a := <-answers[i+1]:
+				t.Fatalf("waiter %d answered before waiter %d released: %v, %v", i+1, i, a.r.Outcome, a.err)
+			default:
+			}
+		}
+		if _, err := l.Release(ctx, "s", c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(node.entries()); n != 5 {
+		t.Errorf("%d entries, want 5: an acquire, a batch and three releases", n)
+	}
+}
+
+// TestParkedWaiterGivesUp: a waiter that gives up before any entry
+// carried it leaves no trace: nothing is proposed for it, and the release
+// frees the scope.
+func TestParkedWaiterGivesUp(t *testing.T) {
+	l, node := parkingLessor(t, fsm.WaitBatchFormat)
+	ctx := context.Background()
+	held, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := acquireAsync(t, wctx, l, waitingAcquire("s", "b"), 1)
+	cancel()
+	if a := await(t, done); !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("waiter that gave up: %v, %v; want context.Canceled", a.r.Outcome, a.err)
+	}
+	if n := l.joins.n.Load(); n != 0 {
+		t.Fatalf("%d parked after the waiter gave up, want 0", n)
+	}
+	if _, err := l.Release(ctx, "s", held.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	es := node.entries()
+	if len(es) != 2 || es[1].Op != fsm.OpRelease {
+		t.Fatalf("entries %+v; want the acquire and the release alone", es)
+	}
+	var in fsm.ScopeInfo
+	node.Read(func(st *fsm.State) { in = st.Get("s") })
+	if in.Lease != nil || in.Waiters != 0 {
+		t.Fatalf("scope after the release: %+v; want free", in)
+	}
+}
+
+// TestParkedWaitersLeaveWithTheOffice: a leader that leaves office answers
+// its parked waiters at once, unavailable, so that they retry at the next.
+func TestParkedWaitersLeaveWithTheOffice(t *testing.T) {
+	l, _ := parkingLessor(t, fsm.WaitBatchFormat)
+	ctx := context.Background()
+	if _, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	done := acquireAsync(t, ctx, l, waitingAcquire("s", "b"), 1)
+	l.Lead(false)
+	if a := await(t, done); !errors.Is(a.err, fence.ErrUnavailable) {
+		t.Fatalf("parked waiter of a deposed leader: %v, %v; want unavailable", a.r.Outcome, a.err)
+	}
+	// Out of office, nothing parks: the acquire is proposed as it comes.
+	r, err := l.Acquire(ctx, waitingAcquire("t", "c"))
+	if err != nil || r.Outcome != fsm.Granted {
+		t.Fatalf("acquire out of office: %v, %v; want granted at once", r.Outcome, err)
+	}
+}
+
+// TestNoParkingBelowWaitBatchFormat: below the format whose batches carry
+// waiting acquires, a waiter is proposed on its own, as before.
+func TestNoParkingBelowWaitBatchFormat(t *testing.T) {
+	l, node := parkingLessor(t, fsm.WaitBatchFormat-1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	go l.Acquire(ctx, waitingAcquire("s", "b"))
+	for end := time.Now().Add(20 * time.Second); len(node.entries()) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the waiting acquire was not proposed")
+		}
+	}
+	if es := node.entries(); es[1].Op != fsm.OpAcquire || !es[1].Wait {
+		t.Fatalf("second entry %+v; want the waiting acquire alone", es[1])
+	}
+	if n := l.joins.n.Load(); n != 0 {
+		t.Fatalf("%d parked under format %d", n, fsm.WaitBatchFormat-1)
+	}
+}
+
+// TestParkedWaiterGoesWhenTheScopeFrees: on a real node, a waiter parked
+// behind a lease that expires (an entry that carries no waiter) is
+// proposed once the scope is free, and one parked behind a lease that
+// stays is proposed after maxPark, so queries show it in line.
+func TestParkedWaiterGoesWhenTheScopeFrees(t *testing.T) {
+	l, node := startLessor(t)
+	for end := time.Now().Add(20 * time.Second); node.Format() < fsm.WaitBatchFormat; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("log format %d, want %d", node.Format(), fsm.WaitBatchFormat)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acquire := func(scope string, ttl time.Duration) fsm.Result {
+		r, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: fence.NewLeaseID(), Holder: "a", TTL: ttl, At: time.Now().UnixNano()})
+		if err != nil || r.Outcome != fsm.Granted {
+			t.Fatalf("acquire %s: %v, %v", scope, r.Outcome, err)
+		}
+		return r
+	}
+	acquire("long", time.Hour)
+	acquire("short", 300*time.Millisecond)
+
+	l.joins.mu.Lock()
+	l.joins.maxPark = time.Hour
+	l.joins.mu.Unlock()
+	done := acquireAsync(t, ctx, l, waitingAcquire("short", "b"), 1)
+	if a := await(t, done); a.err != nil || a.r.Outcome != fsm.Granted || a.r.Lease.Holder != "b" {
+		t.Fatalf("waiter behind an expiring lease: %v, %v; want granted to b", a.r.Outcome, a.err)
+	}
+
+	l.joins.mu.Lock()
+	l.joins.maxPark = 10 * time.Millisecond
+	l.joins.mu.Unlock()
+	go l.Acquire(ctx, waitingAcquire("long", "c"))
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		var in fsm.ScopeInfo
+		node.Read(func(st *fsm.State) { in = st.Get("long") })
+		if in.Waiters == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("scope %+v 20s after a waiter came: it never joined the line", in)
+		}
+	}
+}
+
+// TestWaitersHandOff runs many waiting holders on two scopes on a real
+// node, some giving up while they wait: no scope ever has two holders,
+// tokens rise, and every waiter is answered.
+func TestWaitersHandOff(t *testing.T) {
+	l, _ := startLessor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const workers, rounds = 12, 25
+	var (
+		holding [2]atomic.Bool
+		mu      sync.Mutex
+		last    = map[string]uint64{}
+		granted atomic.Int32
+		gaveUp  atomic.Int32
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range rounds {
+				i := rng.IntN(2)
+				scope := fmt.Sprintf("s%d", i)
+				actx, acancel := ctx, context.CancelFunc(func() {})
+				if rng.IntN(4) == 0 {
+					actx, acancel = context.WithTimeout(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
+				}
+				r, err := l.Acquire(actx, waitingAcquire(scope, fmt.Sprintf("w%d", w)))
+				stopped := actx.Err() != nil
+				acancel()
+				if err != nil {
+					if ctx.Err() != nil || !stopped {
+						errs <- fmt.Errorf("worker %d: %v, and it had not given up", w, err)
+						return
+					}
+					gaveUp.Add(1)
+					continue
+				}
+				if r.Outcome != fsm.Granted {
+					errs <- fmt.Errorf("worker %d: %v, want granted", w, r.Outcome)
+					return
+				}
+				if !holding[i].CompareAndSwap(false, true) {
+					errs <- fmt.Errorf("worker %d granted %s while another held it", w, scope)
+					return
+				}
+				mu.Lock()
+				prev := last[scope]
+				last[scope] = r.Lease.Token
+				mu.Unlock()
+				if r.Lease.Token <= prev {
+					errs <- fmt.Errorf("%s: token %d after %d", scope, r.Lease.Token, prev)
+					return
+				}
+				granted.Add(1)
+				holding[i].Store(false)
+				if rr, err := l.Release(ctx, scope, r.Lease.ID); err != nil || rr.Outcome != fsm.Released {
+					errs <- fmt.Errorf("worker %d release: %v, %v", w, rr.Outcome, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if granted.Load() == 0 || gaveUp.Load() == 0 {
+		t.Errorf("%d grants, %d gave up: the run did not exercise both", granted.Load(), gaveUp.Load())
+	}
+	if n := l.joins.n.Load(); n != 0 {
+		t.Errorf("%d still parked at the end", n)
+	}
+}
