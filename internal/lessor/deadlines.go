@@ -111,13 +111,19 @@ func (d *deadlines) renew(now time.Time, rs []Renewal, out []Renewed, check func
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i, r := range rs {
-		out[i] = d.renewLocked(r.Scope, now, check(r))
+		// Decided in place: a Renewed is some 200 bytes, and returning
+		// it by value copied it twice more a renewal.
+		out[i] = Renewed{Result: check(r)}
+		d.renewLocked(r.Scope, &out[i], now)
 	}
 }
 
-func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) Renewed {
+// renewLocked decides the renewal of scope's lease that r's check found:
+// it leaves a refusal as it is, answers lost a lease whose expiry has been
+// decided, and gives a renewed one its TTL.
+func (d *deadlines) renewLocked(scope string, r *Renewed, now time.Time) {
 	if r.Outcome != fsm.Granted {
-		return Renewed{Result: r}
+		return
 	}
 	e := d.by[scope]
 	switch {
@@ -126,11 +132,12 @@ func (d *deadlines) renewLocked(scope string, now time.Time, r fsm.Result) Renew
 		// delivered before grants are answered; track it to be safe.
 		d.setLocked(scope, r.Lease, now)
 	case e.expiring:
-		return Renewed{Result: fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}}
+		r.Result = fsm.Result{Outcome: fsm.Lost, Scope: scope, Lease: r.Lease, Current: r.Lease.Token}
+		return
 	default:
 		e.at = max(e.at, d.since(now)+r.Lease.TTL)
 	}
-	return Renewed{Result: r, TTL: r.Lease.TTL}
+	r.TTL = r.Lease.TTL
 }
 
 // left reports the time left of the lease with this token, 0 if untracked.
