@@ -2,6 +2,7 @@ package eventlog
 
 import (
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 
@@ -41,6 +42,28 @@ func NewRing(size int) *Ring {
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	e.Position = r.appendLocked(term, e)
+	r.wakeLocked()
+	return e
+}
+
+// AppendAll records the events of es as the next events of term, in
+// order, taking the lock and waking the readers once: a batch of renewals
+// publishes this way. es runs under the ring's lock.
+func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for e := range es {
+		r.appendLocked(term, e)
+		n++
+	}
+	if n > 0 {
+		r.wakeLocked()
+	}
+}
+
+func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	if term != r.term || r.next == 0 {
 		r.term = term
 		r.first = term<<termShift | 1
@@ -52,9 +75,12 @@ func (r *Ring) Append(term uint64, e Event) Event {
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
 	}
+	return e.Position
+}
+
+func (r *Ring) wakeLocked() {
 	close(r.changed)
 	r.changed = make(chan struct{})
-	return e
 }
 
 // Position returns where a watch starting now in term begins: the

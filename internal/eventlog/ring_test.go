@@ -2,6 +2,7 @@ package eventlog
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/fence-dev/fence"
@@ -75,5 +76,46 @@ func TestRingNewTermStartsAfresh(t *testing.T) {
 	r.Close()
 	if _, _, _, err := r.Read(start, "", 10); !errors.Is(err, fence.ErrUnavailable) {
 		t.Fatalf("reading a closed ring: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestRingAppendAll: events appended together get the next positions in
+// their order, as one by one, past the ring's size too, and a reader
+// waiting before them is woken.
+func TestRingAppendAll(t *testing.T) {
+	one, all := NewRing(4), NewRing(4)
+	const term = 2
+	one.Append(term, Event{Scope: "x"})
+	all.Append(term, Event{Scope: "x"})
+	_, next, changed, err := all.Read(all.Position(term), "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []Event{{Scope: "a"}, {Scope: "b"}, {Scope: "c"}, {Scope: "d"}, {Scope: "e"}}
+	for _, e := range batch {
+		one.Append(term, e)
+	}
+	all.AppendAll(term, slices.Values(batch))
+	select {
+	case <-changed:
+	default:
+		t.Fatal("a waiting reader was not woken")
+	}
+	want, _, _, err := one.Read(next+2, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, gotNext, _, err := all.Read(next+2, "", 10)
+	if err != nil || len(got) != 3 || gotNext != next+5 {
+		t.Fatalf("read after AppendAll = %+v, next %d, %v; want c, d, e and next %d", got, gotNext, err, next+5)
+	}
+	for i := range want {
+		if got[i].Scope != want[i].Scope || got[i].Position != want[i].Position {
+			t.Fatalf("event %d: %+v, want %+v as one by one", i, got[i], want[i])
+		}
+	}
+	all.AppendAll(term, slices.Values([]Event(nil)))
+	if p := all.Position(term); p != next+5 {
+		t.Fatalf("position after an empty AppendAll: %d, want %d", p, next+5)
 	}
 }

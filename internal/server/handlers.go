@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -214,8 +213,9 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	e := s.extend([]lessor.Renewal{{Scope: scope, ID: id}})[0]
-	r, ttl := e.Result, e.TTL
+	asked := []lessor.Renewal{{Scope: scope, ID: id}}
+	decided := s.extend(asked)
+	r := decided[0].Result
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
 	}
@@ -224,7 +224,7 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	if err := s.node.ConfirmLeader(ctx); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	s.confirmed(ctx, scope, r.Lease, ttl)
+	s.confirmed(ctx, asked, decided)
 	return connect.NewResponse(&fencev1.RenewResponse{Lease: s.lease(scope, r.Lease, true)}), nil
 }
 
@@ -285,7 +285,6 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 			res.Failure = wire.ToFailure(s.outcomeError(r.Result))
 			continue
 		}
-		s.confirmed(ctx, scope, r.Lease, r.TTL)
 		if expiresIn == nil || expiresIn.AsDuration() != r.TTL {
 			expiresIn = durationpb.New(r.TTL)
 		}
@@ -294,6 +293,7 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 			res.Lease = s.lease(scope, r.Lease, true)
 		}
 	}
+	s.confirmed(ctx, asked, decided)
 	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
 }
 
@@ -307,16 +307,6 @@ func (s *Server) extend(rs []lessor.Renewal) []lessor.Renewed {
 		}
 	}
 	return out
-}
-
-// confirmed records a renewal confirmed to its holder.
-func (s *Server) confirmed(ctx context.Context, scope string, l fsm.Lease, ttl time.Duration) {
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		s.log.LogAttrs(ctx, slog.LevelDebug, "lease renewed",
-			slog.String("scope", scope), slog.Uint64("token", l.Token),
-			slog.String("lease", l.ID.Fingerprint()), slog.String("holder", l.Holder), slog.Duration("ttl", ttl))
-	}
-	s.renewed(scope, l)
 }
 
 // Release implements fence.v1.LeaseService.Release.
