@@ -410,10 +410,10 @@ const renewChunk = 128
 
 // RenewBatch moves each lease's deadline a full TTL ahead if its ID is the
 // scope's current lease and its expiry has not been decided, taking the
-// locks once for many of them. The caller confirms a renewal to its holder
-// only once it has confirmed this node still leads.
-func (l *Lessor) RenewBatch(rs []Renewal) []Renewed {
-	out := make([]Renewed, len(rs))
+// locks once for many of them, and answers rs[i] in out[i] (out is as long
+// as rs; the caller's, so that it can reuse it). The caller confirms a
+// renewal to its holder only once it has confirmed this node still leads.
+func (l *Lessor) RenewBatch(rs []Renewal, out []Renewed) {
 	for start := 0; start < len(rs); start += renewChunk {
 		end := min(start+renewChunk, len(rs))
 		// The state lock first, then the deadlines': see the lock order.
@@ -421,7 +421,6 @@ func (l *Lessor) RenewBatch(rs []Renewal) []Renewed {
 			l.deadlines.renew(time.Now(), rs[start:end], out[start:end], func(r Renewal) fsm.Result { return st.Check(r.Scope, r.ID) })
 		})
 	}
-	return out
 }
 
 // Batch proposes acquires without wait and releases, stamped and validated

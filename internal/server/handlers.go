@@ -214,7 +214,8 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 		return nil, wire.ToConnect(err)
 	}
 	asked := []lessor.Renewal{{Scope: scope, ID: id}}
-	decided := s.extend(asked)
+	decided := make([]lessor.Renewed, 1)
+	s.extend(asked, decided)
 	r := decided[0].Result
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
@@ -261,7 +262,14 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	if err := s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
-	decided := s.extend(asked)
+	pooled := renewedPool.Get().(*[]lessor.Renewed)
+	defer func() {
+		clear(*pooled) // no lease kept alive by the pool
+		renewedPool.Put(pooled)
+	}()
+	*pooled = slices.Grow((*pooled)[:0], len(asked))[:len(asked)]
+	decided := *pooled
+	s.extend(asked, decided)
 	if slices.ContainsFunc(decided, func(r lessor.Renewed) bool { return r.Outcome == fsm.Granted }) {
 		if err := s.node.ConfirmLeader(ctx); err != nil {
 			return nil, wire.ToConnect(err)
@@ -297,16 +305,20 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	return connect.NewResponse(&fencev1.RenewBatchResponse{Results: out}), nil
 }
 
-// extend renews each lease as lessor.RenewBatch does, and publishes those
-// found lost as such. The caller confirms only after ConfirmLeader.
-func (s *Server) extend(rs []lessor.Renewal) []lessor.Renewed {
-	out := s.lessor.RenewBatch(rs)
+// renewedPool holds the lessor's answers to a RenewBatch call between
+// calls: some 200 bytes a renewal, the largest garbage a call made.
+var renewedPool = sync.Pool{New: func() any { return new([]lessor.Renewed) }}
+
+// extend renews each lease as lessor.RenewBatch does, into out, and
+// publishes those found lost as such. The caller confirms only after
+// ConfirmLeader.
+func (s *Server) extend(rs []lessor.Renewal, out []lessor.Renewed) {
+	s.lessor.RenewBatch(rs, out)
 	for _, r := range out {
 		if r.Outcome != fsm.Granted {
 			s.renewRefused(r.Result)
 		}
 	}
-	return out
 }
 
 // Release implements fence.v1.LeaseService.Release.
