@@ -150,8 +150,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "released by its holder"})
-	l.wg.Wait()
+	// The keep-alive ends while the release is on its way, not before it:
+	// waiting for it first put a goroutine's wake-up into every cycle. A
+	// renewal it had in flight changes nothing: the lease is lost here
+	// already, and the service answers a renewal after the release lost.
 	_, err := l.c.Release(ctx, l.info.Scope, l.info.ID)
+	l.wg.Wait()
 	return err
 }
 
