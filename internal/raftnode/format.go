@@ -155,6 +155,9 @@ func (n *Node) raiseFormat(ctx context.Context) {
 				n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
 				continue
 			}
+			if errors.Is(err, errClosed) || ctx.Err() != nil {
+				return // closing, or no longer leader: nothing went wrong
+			}
 			n.cfg.Logger.Warn("raising the log format", "err", err)
 		}
 		select {
