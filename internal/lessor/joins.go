@@ -214,7 +214,13 @@ func (js *joins) leave() {
 	js.mu.Unlock()
 	for scope, list := range parked {
 		for _, j := range list {
-			j.done <- joined{err: fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, scope)}
+			j.done <- joined{err: leaderChanged(scope)}
 		}
 	}
+}
+
+// leaderChanged is the answer to a wait that a leader change ended, parked
+// or in line: the caller retries at the next leader.
+func leaderChanged(scope string) error {
+	return fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, scope)
 }

@@ -375,7 +375,7 @@ func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, 
 		if e.Kind == fsm.EventGranted {
 			return fsm.Result{Outcome: fsm.Granted, Scope: e.Scope, Lease: e.Lease}, nil
 		}
-		return fsm.Result{}, fmt.Errorf("%w: the wait for %q was cancelled by a leader change; retry", fence.ErrUnavailable, queued.Scope)
+		return fsm.Result{}, leaderChanged(queued.Scope)
 	case <-ctx.Done():
 	}
 	if !l.waiters.abandon(key) {
