@@ -44,8 +44,8 @@ func (c *Client) RenewBatch(ctx context.Context, rs []Renewal) ([]RenewResult, e
 	for i, r := range rs {
 		req.Renewals[i] = &fencev1.RenewRequest{Scope: r.Scope, LeaseId: r.ID.String()}
 	}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewBatchResponse], error) {
-		return n.lease.RenewBatch(ctx, connect.NewRequest(req))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.RenewBatchResponse], error) {
+		return s.lease.RenewBatch(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("renew %d leases: %w", len(rs), err)

@@ -33,7 +33,8 @@ const DefaultAddr = "127.0.0.1:7480"
 type Client struct {
 	nodes []node
 	cur   atomic.Int32 // index into nodes of the address calls go to
-	http  *http.Client
+	own   ownConns     // calls under way on connections of their own
+	https []*http.Client
 	cfg   config
 	renew renewer // the leases' keep-alives
 
@@ -52,10 +53,11 @@ type Client struct {
 	endLife context.CancelFunc
 }
 
-// node is one address the client may call, with its service clients.
+// node is one address the client may call, with its service clients (see
+// transport.go).
 type node struct {
-	lease   fencev1connect.LeaseServiceClient
-	cluster fencev1connect.ClusterServiceClient
+	own, shared service
+	live        *liveness
 }
 
 // New returns a client of the service at addr: one address ("host:port" or
@@ -81,22 +83,11 @@ func New(addr string, opts ...Option) (*Client, error) {
 			bases[i] = strings.Replace(b, "http://", "https://", 1)
 		}
 	}
-	h := cfg.httpClient
-	if h == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.Protocols = new(http.Protocols)
-		if cfg.tls != nil {
-			t.TLSClientConfig = cfg.tls.Clone()
-			t.Protocols.SetHTTP2(true)
-		} else {
-			t.Protocols.SetUnencryptedHTTP2(true)
-		}
-		// Pings notice a node that stopped answering (paused, cut off)
-		// within seconds, so the call fails over instead of hanging.
-		t.HTTP2 = &http.HTTP2Config{SendPingTimeout: 2 * time.Second, PingTimeout: 2 * time.Second}
-		h = &http.Client{Transport: t}
+	own, shared := cfg.httpClient, cfg.httpClient
+	if shared == nil {
+		own, shared = transports(cfg.tls)
 	}
-	c := &Client{http: h, cfg: cfg}
+	c := &Client{https: []*http.Client{own, shared}, cfg: cfg}
 	c.life, c.endLife = context.WithCancel(context.Background())
 	c.renew.c = c
 	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany}
@@ -109,11 +100,14 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if cfg.bearer != "" {
 		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+cfg.bearer)))
 	}
-	for _, base := range bases {
-		c.nodes = append(c.nodes, node{
+	svc := func(h *http.Client, base string) service {
+		return service{
 			lease:   fencev1connect.NewLeaseServiceClient(h, base, copts...),
 			cluster: fencev1connect.NewClusterServiceClient(h, base, copts...),
-		})
+		}
+	}
+	for _, base := range bases {
+		c.nodes = append(c.nodes, node{own: svc(own, base), shared: svc(shared, base), live: newLiveness(base, own)})
 	}
 	return c, nil
 }
@@ -237,7 +231,9 @@ func (c *Client) Close() error {
 		})
 	}
 	wg.Wait()
-	c.http.CloseIdleConnections()
+	for _, h := range c.https {
+		h.CloseIdleConnections()
+	}
 	return errors.Join(errs...)
 }
 
@@ -339,10 +335,10 @@ func (c *Client) grantOne(ctx context.Context, req *fencev1.AcquireRequest) (gra
 	// Every attempt sends this one req, whichever node it goes to: the
 	// request ID is what lets the leader answer a retry after a failover
 	// with the grant the lost answer carried.
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AcquireResponse], error) {
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.AcquireResponse], error) {
 		attempts++
 		sent = time.Now()
-		return n.lease.Acquire(ctx, connect.NewRequest(req))
+		return s.lease.Acquire(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return granted{}, err
@@ -357,10 +353,10 @@ func (c *Client) grantMany(ctx context.Context, reqs []*fencev1.AcquireRequest) 
 	var sent time.Time
 	attempts := 0
 	breq := &fencev1.AcquireBatchRequest{Acquires: reqs}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AcquireBatchResponse], error) {
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.AcquireBatchResponse], error) {
 		attempts++
 		sent = time.Now()
-		return n.lease.AcquireBatch(ctx, connect.NewRequest(breq))
+		return s.lease.AcquireBatch(actx, connect.NewRequest(breq))
 	})
 	if err != nil {
 		return nil, nil, err
@@ -391,8 +387,8 @@ func (c *Client) Renew(ctx context.Context, scope string, id fence.LeaseID) (fen
 }
 
 func (c *Client) renewOne(ctx context.Context, req *fencev1.RenewRequest) (fence.Lease, error) {
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewResponse], error) {
-		return n.lease.Renew(ctx, connect.NewRequest(req))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.RenewResponse], error) {
+		return s.lease.Renew(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return fence.Lease{}, err
@@ -402,8 +398,8 @@ func (c *Client) renewOne(ctx context.Context, req *fencev1.RenewRequest) (fence
 
 func (c *Client) renewMany(ctx context.Context, reqs []*fencev1.RenewRequest) ([]fence.Lease, []error, error) {
 	breq := &fencev1.RenewBatchRequest{Renewals: reqs, Leases: true}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RenewBatchResponse], error) {
-		return n.lease.RenewBatch(ctx, connect.NewRequest(breq))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.RenewBatchResponse], error) {
+		return s.lease.RenewBatch(actx, connect.NewRequest(breq))
 	})
 	if err != nil {
 		return nil, nil, err
@@ -441,8 +437,8 @@ func (c *Client) Release(ctx context.Context, scope string, id fence.LeaseID) (u
 
 func (c *Client) releaseOne(ctx context.Context, req *fencev1.ReleaseRequest) (uint64, error) {
 	ambiguous := false
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReleaseResponse], error) {
-		r, err := n.lease.Release(ctx, connect.NewRequest(req))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.ReleaseResponse], error) {
+		r, err := s.lease.Release(actx, connect.NewRequest(req))
 		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
 			ambiguous = true
 		}
@@ -462,8 +458,8 @@ func (c *Client) releaseOne(ctx context.Context, req *fencev1.ReleaseRequest) (u
 func (c *Client) releaseMany(ctx context.Context, reqs []*fencev1.ReleaseRequest) ([]uint64, []error, error) {
 	ambiguous := false
 	breq := &fencev1.ReleaseBatchRequest{Releases: reqs}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReleaseBatchResponse], error) {
-		r, err := n.lease.ReleaseBatch(ctx, connect.NewRequest(breq))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.ReleaseBatchResponse], error) {
+		r, err := s.lease.ReleaseBatch(actx, connect.NewRequest(breq))
 		if err != nil && errors.Is(transient(ctx, err), fence.ErrUnavailable) {
 			ambiguous = true
 		}
@@ -500,8 +496,8 @@ type ScopeState struct {
 
 // Get reports a scope's current lease, if any, and its last token.
 func (c *Client) Get(ctx context.Context, scope string) (ScopeState, error) {
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.GetResponse], error) {
-		return n.lease.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Scope: scope}))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.GetResponse], error) {
+		return s.lease.Get(actx, connect.NewRequest(&fencev1.GetRequest{Scope: scope}))
 	})
 	if err != nil {
 		return ScopeState{}, fmt.Errorf("get %q: %w", scope, err)
@@ -520,8 +516,8 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 	var out []fence.Lease
 	page := ""
 	for {
-		resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ListResponse], error) {
-			return n.lease.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, PageToken: page}))
+		resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.ListResponse], error) {
+			return s.lease.List(actx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, PageToken: page}))
 		})
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w", prefix, err)
@@ -541,17 +537,30 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 // unavailable the client moves on to the next address, so the retry, and
 // every later call, goes there. Backoff is exponential with full jitter,
 // from 20ms to 1s, and one budget covers all the addresses tried. Errors
-// come back as fence's errors.
-func retry[T any](ctx context.Context, c *Client, f func(*node) (T, error)) (T, error) {
+// come back as fence's errors. Each attempt gets its own context, which a
+// failed liveness probe of its node cancels (see transport.go), and goes
+// over a connection of its own if one is free.
+func retry[T any](ctx context.Context, c *Client, f func(context.Context, *service) (T, error)) (T, error) {
 	give := time.Now().Add(c.cfg.retryTimeout)
 	backoff := 20 * time.Millisecond
 	for {
 		i := c.cur.Load()
-		v, err := f(&c.nodes[i])
+		n := &c.nodes[i]
+		s, done := c.own.pick(n)
+		actx, unwatch := n.live.watch(ctx)
+		v, err := f(actx, s)
 		if err == nil {
+			unwatch()
+			done()
 			return v, nil
 		}
-		err = transient(ctx, err)
+		if actx.Err() != nil && ctx.Err() == nil {
+			err = context.Cause(actx) // the node failed a liveness probe
+		} else {
+			err = transient(ctx, err)
+		}
+		unwatch()
+		done()
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return v, err
 		}

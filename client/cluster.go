@@ -36,8 +36,8 @@ type Node struct {
 // the cluster: its members, their roles, and which node leads. Views can
 // differ between nodes for a while around an election.
 func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.StatusResponse], error) {
-		return n.cluster.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.StatusResponse], error) {
+		return s.cluster.Status(actx, connect.NewRequest(&fencev1.StatusRequest{}))
 	})
 	if err != nil {
 		return ClusterStatus{}, fmt.Errorf("cluster status: %w", err)
@@ -61,8 +61,8 @@ func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
 // data directory.
 func (c *Client) AddNode(ctx context.Context, id, raftAddr, apiAddr string) ([]Node, error) {
 	req := &fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: apiAddr}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.AddNodeResponse], error) {
-		return n.cluster.AddNode(ctx, connect.NewRequest(req))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.AddNodeResponse], error) {
+		return s.cluster.AddNode(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add node %q: %w", id, err)
@@ -74,8 +74,8 @@ func (c *Client) AddNode(ctx context.Context, id, raftAddr, apiAddr string) ([]N
 // after the change. The ID can never join again.
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]Node, error) {
 	req := &fencev1.RemoveNodeRequest{Id: id}
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RemoveNodeResponse], error) {
-		return n.cluster.RemoveNode(ctx, connect.NewRequest(req))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.RemoveNodeResponse], error) {
+		return s.cluster.RemoveNode(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("remove node %q: %w", id, err)
@@ -108,8 +108,8 @@ type KeyRotation struct {
 // grace period after that (fenced --key-grace). A retry after a lost
 // answer may rotate twice, which is harmless: the second key starts later.
 func (c *Client) RotateSigningKey(ctx context.Context) (KeyRotation, error) {
-	resp, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.RotateSigningKeyResponse], error) {
-		return n.cluster.RotateSigningKey(ctx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
+	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.RotateSigningKeyResponse], error) {
+		return s.cluster.RotateSigningKey(actx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
 	})
 	if err != nil {
 		return KeyRotation{}, fmt.Errorf("rotate signing key: %w", err)

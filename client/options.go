@@ -35,11 +35,14 @@ type acquireConfig struct {
 	margin    time.Duration
 }
 
-// WithHTTPClient makes the client use h for its calls, to every address.
-// The default speaks HTTP/2 without TLS (h2c) to the service.
+// WithHTTPClient makes the client use h for its calls and watches, to
+// every address. By default a call goes over an HTTP/1.1 connection of its
+// own, and watches and the calls beyond 64 at once share one HTTP/2
+// connection a node, without TLS (h2c) unless WithTLS is given (see the
+// package documentation, Connections).
 func WithHTTPClient(h *http.Client) Option { return optionFunc(func(c *config) { c.httpClient = h }) }
 
-// WithTLS makes the client speak HTTPS (HTTP/2 over TLS) with c: its
+// WithTLS makes the client speak HTTPS (HTTP/1.1 and HTTP/2 over TLS) with c: its
 // RootCAs verify the service, its Certificates identify the client to a
 // service that requires client certificates. Addresses without a scheme
 // then mean https://. Ignored with WithHTTPClient.

@@ -36,8 +36,8 @@ func (c *Client) ReportRejections(ctx context.Context, guard string, rs []Reject
 		}
 		req.Rejections = append(req.Rejections, p)
 	}
-	_, err := retry(ctx, c, func(n *node) (*connect.Response[fencev1.ReportRejectionsResponse], error) {
-		return n.lease.ReportRejections(ctx, connect.NewRequest(req))
+	_, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.ReportRejectionsResponse], error) {
+		return s.lease.ReportRejections(actx, connect.NewRequest(req))
 	})
 	if err != nil {
 		return fmt.Errorf("report rejections: %w", err)

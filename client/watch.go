@@ -151,7 +151,7 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 	give := time.Now().Add(c.cfg.retryTimeout)
 	for {
 		i := c.cur.Load()
-		stream, err := c.nodes[i].lease.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartPosition: pos, IncludeHeld: held}))
+		stream, err := c.nodes[i].shared.lease.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartPosition: pos, IncludeHeld: held}))
 		if err == nil {
 			first := held
 			for stream.Receive() {

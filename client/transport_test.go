@@ -1,0 +1,149 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/fencetest"
+)
+
+// silentAddr returns a loopback address that takes connections and never
+// answers, as a paused (SIGSTOP) or frozen node does: the kernel accepts
+// them, nothing reads them.
+func silentAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String()
+}
+
+// TestFailoverFromSilentNode: calls to a node that takes connections and
+// never answers fail over to the next address, found out by the liveness
+// probe, since a call on a connection of its own has no pings: a lone call
+// of each kind, each made on a fresh client whose first address is the
+// silent one.
+func TestFailoverFromSilentNode(t *testing.T) {
+	srv := fencetest.NewServer()
+	t.Cleanup(srv.Close)
+	silent := silentAddr(t)
+	admin := newClient(t, srv.Addr)
+	g, err := admin.Grant(testContext(t), "kept", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := admin.Grant(testContext(t), "held", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		name string
+		call func(context.Context, *client.Client) error
+	}{
+		{"Grant", func(ctx context.Context, c *client.Client) error { _, err := c.Grant(ctx, "granted"); return err }},
+		{"Renew", func(ctx context.Context, c *client.Client) error { _, err := c.Renew(ctx, "kept", g.ID); return err }},
+		{"Get", func(ctx context.Context, c *client.Client) error { _, err := c.Get(ctx, "kept"); return err }},
+		{"List", func(ctx context.Context, c *client.Client) error { _, err := c.List(ctx, ""); return err }},
+		{"Acquire with wait", func(ctx context.Context, c *client.Client) error {
+			l, err := c.Acquire(ctx, "waited", client.WithWait())
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			return err
+		}},
+		{"Release", func(ctx context.Context, c *client.Client) error {
+			_, err := c.Release(ctx, "held", held.ID)
+			return err
+		}},
+	}
+	t.Run("each", func(t *testing.T) {
+		for _, tc := range calls {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				c := newClient(t, silent+","+srv.Addr, client.WithRetryTimeout(time.Minute))
+				if err := tc.call(testContext(t), c); err != nil {
+					t.Errorf("%s with the first node silent: %v", tc.name, err)
+				}
+			})
+		}
+	})
+	if st, err := admin.Get(testContext(t), "held"); err != nil || st.Lease != nil {
+		t.Errorf("held after the failed-over release: %+v, %v; want free", st, err)
+	}
+}
+
+// TestSilentNodeAlone: with the only node silent, a call ends with
+// fence.ErrUnavailable naming the liveness probe once the retry budget is
+// spent, not when the caller's context ends.
+func TestSilentNodeAlone(t *testing.T) {
+	c := newClient(t, silentAddr(t), client.WithRetryTimeout(0))
+	_, err := c.Get(testContext(t), "s")
+	if !errors.Is(err, fence.ErrUnavailable) {
+		t.Fatalf("Get from a silent node = %v, want fence.ErrUnavailable", err)
+	}
+	t.Log(err)
+}
+
+// TestLongCallNotCut: a waiting acquire that lasts several probe intervals
+// on a live node is probed, not cut off, and gets its grant.
+func TestLongCallNotCut(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	holder := acquire(t, c, "orders", client.WithHolder("holder"))
+	ch := acquireAsync(t, ctx, c, "orders", "waiter", 1)
+	time.Sleep(5 * time.Second) // past two liveness probes of the waiter's node
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := receive(t, ch)
+	if a.err != nil || a.lease.Token().Value != holder.Token().Value+1 {
+		t.Fatalf("waiter after 5s: %v, %v; want the next token", a.lease, a.err)
+	}
+}
+
+// TestManyCallsAtOnce: more waiting acquires than the client keeps
+// connections of its own for go over the shared connection, and every one
+// is granted in turn.
+func TestManyCallsAtOnce(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	const n = 100
+	holder := acquire(t, c, "orders", client.WithHolder("holder"))
+	got := make(chan acquired, n)
+	for i := range n {
+		go func() {
+			l, err := c.Acquire(ctx, "orders", client.WithWait(), client.WithHolder(fmt.Sprint("w", i)))
+			got <- acquired{l, err}
+		}()
+	}
+	eventually(t, fmt.Sprintf("%d waiters queued", n), func() bool { return get(t, c, "orders").Waiters == n })
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var tokens []uint64
+	for range n {
+		a := receive(t, got)
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		tokens = append(tokens, a.lease.Token().Value)
+		if err := a.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(tokens)
+	for i, tok := range tokens {
+		if want := holder.Token().Value + uint64(i) + 1; tok != want {
+			t.Fatalf("grant %d has token %d, want %d: %v", i, tok, want, tokens)
+		}
+	}
+}
