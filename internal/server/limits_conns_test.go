@@ -82,6 +82,26 @@ func TestConnectionLimits(t *testing.T) {
 	const perAddr, total = 100, 250
 	s := startWith(t, func(c *Config) { c.MaxConns, c.MaxConnsPerAddr = total, perAddr })
 	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	// The metrics, as /metrics would show them.
+	metric := func(name string, labels ...string) float64 {
+		t.Helper()
+		fams, err := s.metrics.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.Metric {
+				if len(labels) == 0 || len(m.Label) == 1 && m.Label[0].GetName() == labels[0] && m.Label[0].GetValue() == labels[1] {
+					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no metric %s%v", name, labels)
+		return 0
+	}
 	acquireLatencies(t, rpc, "before", 50) // also opens the client's one connection
 
 	// One address opens half again as many idle connections as it may.
@@ -107,6 +127,15 @@ func TestConnectionLimits(t *testing.T) {
 		t.Fatalf("a connection beyond the server's limit of %d was kept", total)
 	}
 	acquireLatencies(t, rpc, "with every connection taken, on the client's own", 50)
+	if open := metric("fence_connections_open"); open != total {
+		t.Errorf("fence_connections_open = %v with every place taken, want %d", open, total)
+	}
+	if n := metric("fence_connections_refused_total", "limit", "max-conns-per-addr"); n != perAddr/2 {
+		t.Errorf("refused by max-conns-per-addr: %v, want the %d beyond the limit", n, perAddr/2)
+	}
+	if n := metric("fence_connections_refused_total", "limit", "max-conns"); n != 1 {
+		t.Errorf("refused by max-conns: %v, want 1", n)
+	}
 
 	for _, c := range attack {
 		c.Close()
@@ -115,6 +144,9 @@ func TestConnectionLimits(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the attackers' places were not given back once they closed")
 		}
+	}
+	if open := metric("fence_connections_open"); open >= total {
+		t.Errorf("fence_connections_open = %v once the attackers left, want fewer than %d", open, total)
 	}
 }
 

@@ -19,6 +19,7 @@ type connLimiter struct {
 	net.Listener
 	total, perAddr int
 	log            *slog.Logger
+	onRefuse       func(limit string) // counts a refusal by the limit's flag
 
 	mu      sync.Mutex
 	open    int
@@ -27,8 +28,8 @@ type connLimiter struct {
 	refused int       // refusals since then
 }
 
-func limitConns(ln net.Listener, total, perAddr int, log *slog.Logger) *connLimiter {
-	return &connLimiter{Listener: ln, total: total, perAddr: perAddr, log: log, byAddr: make(map[netip.Addr]int)}
+func limitConns(ln net.Listener, total, perAddr int, log *slog.Logger, onRefuse func(limit string)) *connLimiter {
+	return &connLimiter{Listener: ln, total: total, perAddr: perAddr, log: log, onRefuse: onRefuse, byAddr: make(map[netip.Addr]int)}
 }
 
 // Accept returns the next connection within the limits, closing the ones
@@ -40,24 +41,31 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		addr := remoteIP(c)
-		if why := l.admit(addr); why != "" {
+		if limit := l.admit(addr); limit != "" {
 			c.Close()
-			l.logRefusal(addr, why)
+			l.onRefuse(limit)
+			l.logRefusal(addr, limit)
 			continue
 		}
 		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.release(addr) })}, nil
 	}
 }
 
+// The limits, named as their flags.
+const (
+	limitTotal   = "max-conns"
+	limitPerAddr = "max-conns-per-addr"
+)
+
 // admit counts a new connection from addr, or says which limit refuses it.
-func (l *connLimiter) admit(addr netip.Addr) (refused string) {
+func (l *connLimiter) admit(addr netip.Addr) (limit string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.open >= l.total:
-		return "the server has its most connections open (--max-conns)"
+		return limitTotal
 	case l.byAddr[addr] >= l.perAddr:
-		return "the address has its most connections open (--max-conns-per-addr)"
+		return limitPerAddr
 	}
 	l.open++
 	l.byAddr[addr]++
@@ -73,9 +81,20 @@ func (l *connLimiter) release(addr netip.Addr) {
 	}
 }
 
+// openConns is how many connections are open now.
+func (l *connLimiter) openConns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
+
 // logRefusal logs a refused connection, at most once a minute with the
 // count since: a flood must not flood the log too.
-func (l *connLimiter) logRefusal(addr netip.Addr, why string) {
+func (l *connLimiter) logRefusal(addr netip.Addr, limit string) {
+	why := "the server has its most connections open (--max-conns)"
+	if limit == limitPerAddr {
+		why = "the address has its most connections open (--max-conns-per-addr)"
+	}
 	l.mu.Lock()
 	l.refused++
 	if time.Since(l.logged) < time.Minute {

@@ -39,6 +39,9 @@ type metrics struct {
 	waitSeconds *prometheus.HistogramVec
 	rpcSeconds  *prometheus.HistogramVec
 
+	connsRefused *prometheus.CounterVec
+	connsOpen    func() int // set once the listener is
+
 	mu         sync.Mutex
 	lastHolder map[string]string // scope → holder of its last grant seen as leader
 }
@@ -73,6 +76,18 @@ func newMetrics(s *Server) *metrics {
 		Help:    "Time to answer unary RPCs served by this node (not those it forwarded), by procedure and code.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"procedure", "code"})
+	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fence_connections_refused_total",
+		Help: "API connections closed as soon as accepted, by the limit they met: max-conns (the server's) or max-conns-per-addr (one remote address's).",
+	}, []string{"limit"})
+	for _, l := range []string{limitTotal, limitPerAddr} {
+		m.connsRefused.WithLabelValues(l) // shown at 0 before the first refusal
+	}
+	m.connsOpen = func() int { return 0 }
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fence_connections_open",
+		Help: "API connections open now, counted against --max-conns.",
+	}, func() float64 { return float64(m.connsOpen()) })
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fence_leases_held",
 		Help: "Scopes held by a lease now, in this node's replicated state.",
@@ -96,7 +111,7 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,
-		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, held, records, ready,
+		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, m.connsRefused, open, held, records, ready,
 		raftCollector{s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -115,7 +115,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.ln = ln
 	total, perAddr := cfg.connLimits()
-	ln = limitConns(ln, total, perAddr, s.log)
+	limited := limitConns(ln, total, perAddr, s.log, func(limit string) { s.metrics.connsRefused.WithLabelValues(limit).Inc() })
+	s.metrics.connsOpen = limited.openConns
+	ln = limited
 	var raftTLS *tls.Config
 	if cfg.RaftListen != "" {
 		if raftTLS, err = cfg.TLS.raftConfig(); err != nil {
