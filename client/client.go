@@ -32,9 +32,9 @@ const DefaultAddr = "127.0.0.1:7480"
 // for concurrent use.
 type Client struct {
 	nodes []node
-	cur   atomic.Int32 // index into nodes of the address calls go to
-	own   ownConns     // calls under way on connections of their own
-	https []*http.Client
+	cur   atomic.Int32   // index into nodes of the address calls go to
+	own   ownConns       // calls under way on connections of their own
+	https []*http.Client // own and shared (see transport.go); Close closes their idle connections
 	cfg   config
 	renew renewer // the leases' keep-alives
 
