@@ -537,30 +537,16 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 // unavailable the client moves on to the next address, so the retry, and
 // every later call, goes there. Backoff is exponential with full jitter,
 // from 20ms to 1s, and one budget covers all the addresses tried. Errors
-// come back as fence's errors. Each attempt gets its own context, which a
-// failed liveness probe of its node cancels (see transport.go), and goes
-// over a connection of its own if one is free.
+// come back as fence's errors. Each try is one attempt.
 func retry[T any](ctx context.Context, c *Client, f func(context.Context, *service) (T, error)) (T, error) {
 	give := time.Now().Add(c.cfg.retryTimeout)
 	backoff := 20 * time.Millisecond
 	for {
 		i := c.cur.Load()
-		n := &c.nodes[i]
-		s, done := c.own.pick(n)
-		actx, unwatch := n.live.watch(ctx)
-		v, err := f(actx, s)
+		v, err := attempt(ctx, c, &c.nodes[i], f)
 		if err == nil {
-			unwatch()
-			done()
 			return v, nil
 		}
-		if actx.Err() != nil && ctx.Err() == nil {
-			err = context.Cause(actx) // the node failed a liveness probe
-		} else {
-			err = transient(ctx, err)
-		}
-		unwatch()
-		done()
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return v, err
 		}
@@ -580,6 +566,24 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// attempt calls f once on n: over a connection of its own if one is free,
+// under a context that a failed liveness probe of n cancels (see
+// transport.go).
+func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Context, *service) (T, error)) (T, error) {
+	s := c.own.take(n)
+	defer c.own.give(n, s)
+	actx, unwatch := n.live.watch(ctx)
+	defer unwatch()
+	v, err := f(actx, s)
+	switch {
+	case err == nil:
+		return v, nil
+	case actx.Err() != nil && ctx.Err() == nil:
+		return v, context.Cause(actx) // the node failed a liveness probe
+	}
+	return v, transient(ctx, err)
 }
 
 // transient converts a call's error to fence's errors, and reports a broken

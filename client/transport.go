@@ -68,15 +68,21 @@ func transports(tlsConf *tls.Config) (own, shared *http.Client) {
 // ownConns counts the calls under way on connections of their own.
 type ownConns struct{ n atomic.Int32 }
 
-// pick returns the service a call goes through: n's own-connection one if
-// a connection is free, else the shared one. done must be called when the
+// take returns the service a call goes through: n's own-connection one if
+// a connection is free, else the shared one. give gives it back when the
 // call has returned.
-func (o *ownConns) pick(n *node) (*service, func()) {
+func (o *ownConns) take(n *node) *service {
 	if o.n.Add(1) <= maxOwnConns {
-		return &n.own, func() { o.n.Add(-1) }
+		return &n.own
 	}
 	o.n.Add(-1)
-	return &n.shared, func() {}
+	return &n.shared
+}
+
+func (o *ownConns) give(n *node, s *service) {
+	if s == &n.own {
+		o.n.Add(-1)
+	}
 }
 
 // liveness probes one node for the calls under way on it.
