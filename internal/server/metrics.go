@@ -40,7 +40,6 @@ type metrics struct {
 	rpcSeconds  *prometheus.HistogramVec
 
 	connsRefused *prometheus.CounterVec
-	connsOpen    func() int // set once the listener is
 
 	mu         sync.Mutex
 	lastHolder map[string]string // scope → holder of its last grant seen as leader
@@ -83,11 +82,6 @@ func newMetrics(s *Server) *metrics {
 	for _, l := range []string{limitTotal, limitPerAddr} {
 		m.connsRefused.WithLabelValues(l) // shown at 0 before the first refusal
 	}
-	m.connsOpen = func() int { return 0 }
-	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "fence_connections_open",
-		Help: "API connections open now, counted against --max-conns.",
-	}, func() float64 { return float64(m.connsOpen()) })
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fence_leases_held",
 		Help: "Scopes held by a lease now, in this node's replicated state.",
@@ -111,12 +105,20 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,
-		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, m.connsRefused, open, held, records, ready,
+		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, m.connsRefused, held, records, ready,
 		raftCollector{s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// conns exports the open connections l counts.
+func (m *metrics) conns(l *connLimiter) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fence_connections_open",
+		Help: "API connections open now, counted against --max-conns.",
+	}, func() float64 { return float64(l.openConns()) }))
 }
 
 // handler serves the registry in Prometheus' text and protobuf formats.

@@ -116,7 +116,7 @@ func Start(cfg Config) (*Server, error) {
 	s.ln = ln
 	total, perAddr := cfg.connLimits()
 	limited := limitConns(ln, total, perAddr, s.log, func(limit string) { s.metrics.connsRefused.WithLabelValues(limit).Inc() })
-	s.metrics.connsOpen = limited.openConns
+	s.metrics.conns(limited)
 	ln = limited
 	var raftTLS *tls.Config
 	if cfg.RaftListen != "" {
