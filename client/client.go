@@ -33,7 +33,6 @@ const DefaultAddr = "127.0.0.1:7480"
 type Client struct {
 	nodes []node
 	cur   atomic.Int32   // index into nodes of the address calls go to
-	own   ownConns       // calls under way on connections of their own
 	https []*http.Client // own and shared (see transport.go); Close closes their idle connections
 	cfg   config
 	renew renewer // the leases' keep-alives
@@ -57,6 +56,7 @@ type Client struct {
 // transport.go).
 type node struct {
 	own, shared service
+	conns       ownConns // the calls under way on connections of their own
 	live        *liveness
 }
 
@@ -107,7 +107,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		}
 	}
 	for _, base := range bases {
-		c.nodes = append(c.nodes, node{own: svc(own, base), shared: svc(shared, base), live: newLiveness(base, own)})
+		c.nodes = append(c.nodes, node{own: svc(own, base), shared: svc(shared, base), live: newLiveness(base, shared)})
 	}
 	return c, nil
 }
@@ -568,15 +568,31 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 	}
 }
 
-// attempt calls f once on n: over a connection of its own if one is free,
+// attempt calls f once on n: over a connection of its own if n takes one
+// (unless WithHTTPClient gave one client for all calls),
 // under a context that a failed liveness probe of n cancels (see
-// transport.go).
+// transport.go). A call whose own connection broke before it was answered
+// goes again, at once, over the shared one: fenced closes a connection
+// beyond its limits as it accepts it, and a node that crashed fails the
+// second try as it did the first.
 func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Context, *service) (T, error)) (T, error) {
-	s := c.own.take(n)
-	defer c.own.give(n, s)
+	s := &n.shared
+	if c.https[0] != c.https[1] && n.conns.take() {
+		s = &n.own
+		defer n.conns.give()
+	}
 	actx, unwatch := n.live.watch(ctx)
 	defer unwatch()
 	v, err := f(actx, s)
+	if err != nil && broken(actx, err) {
+		// The client's idle connections of their own count against the
+		// node's limits: closing them makes room for the shared one.
+		c.https[0].CloseIdleConnections()
+		if s == &n.own {
+			n.conns.refused()
+			v, err = f(actx, &n.shared)
+		}
+	}
 	switch {
 	case err == nil:
 		return v, nil
@@ -584,6 +600,17 @@ func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Cont
 		return v, context.Cause(actx) // the node failed a liveness probe
 	}
 	return v, transient(ctx, err)
+}
+
+// broken reports whether err says the call's connection failed while ctx
+// lives: an error the client made up, not one the service answered (such
+// as a follower's "not the leader", also unavailable).
+func broken(ctx context.Context, err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeCanceled, connect.CodeUnknown, connect.CodeUnavailable:
+		return !connect.IsWireError(err) && ctx.Err() == nil
+	}
+	return false
 }
 
 // transient converts a call's error to fence's errors, and reports a broken

@@ -17,9 +17,14 @@ import (
 // How calls reach a node.
 //
 // A call goes over a connection of its own (HTTP/1.1, kept alive between
-// calls) while fewer than maxOwnConns of the client's calls are under way
-// that way; the calls beyond those, and every watch, share one HTTP/2
-// connection a node. fenced reads, handles and answers an HTTP/1.1 request
+// calls) while fewer than maxOwnConns of the client's calls to the node
+// are under way that way; the calls beyond those, and every watch, share
+// one HTTP/2 connection a node. fenced closes a connection beyond its
+// limits (--max-conns, --max-conns-per-addr) as it accepts it, as it does
+// when many clients share one address: a call whose own connection breaks
+// before it is answered goes again over the shared connection at once,
+// the client closes its idle connections of their own, and its calls to
+// the node share the HTTP/2 connection for refusalMemory. fenced reads, handles and answers an HTTP/1.1 request
 // on the connection's goroutine, where over HTTP/2 the request and its
 // answer each pass between several goroutines on either side: a lone
 // caller's lock cycle took about a third longer over HTTP/2
@@ -27,15 +32,17 @@ import (
 //
 // HTTP/2's pings notice a node that stopped answering (paused, cut off);
 // HTTP/1.1 has nothing like them. So a call under way for probeEvery has
-// its node probed (GET /healthz, which any live fenced answers at once,
-// leader or not), and probed again every probeEvery while it lasts: a node
+// its node probed (GET /healthz over the shared connection, which takes
+// no connection of its own; any live fenced answers it at once, leader or
+// not), and probed again every probeEvery while it lasts: a node
 // that does not answer within probeTimeout has the call cancelled, and the
 // call fails over as one on a broken connection does. Concurrent calls to
 // one node share a probe.
 const (
-	maxOwnConns  = 64
-	probeEvery   = 2 * time.Second
-	probeTimeout = 2 * time.Second
+	maxOwnConns   = 64
+	refusalMemory = time.Minute
+	probeEvery    = 2 * time.Second
+	probeTimeout  = 2 * time.Second
 )
 
 // service is one node's API through one HTTP client.
@@ -65,25 +72,32 @@ func transports(tlsConf *tls.Config) (own, shared *http.Client) {
 	return &http.Client{Transport: t1}, &http.Client{Transport: t2}
 }
 
-// ownConns counts the calls under way on connections of their own.
-type ownConns struct{ n atomic.Int32 }
+// ownConns counts the calls under way on one node's connections of their
+// own.
+type ownConns struct {
+	n         atomic.Int32
+	refusedAt atomic.Int64 // Unix nanoseconds of the last refusal; 0 if none
+}
 
-// take returns the service a call goes through: n's own-connection one if
-// a connection is free, else the shared one. give gives it back when the
-// call has returned.
-func (o *ownConns) take(n *node) *service {
+// take reports whether a call may go over a connection of its own: give
+// must then be called when it has returned. None may for refusalMemory
+// after a refusal.
+func (o *ownConns) take() bool {
+	if at := o.refusedAt.Load(); at != 0 && time.Since(time.Unix(0, at)) < refusalMemory {
+		return false
+	}
 	if o.n.Add(1) <= maxOwnConns {
-		return &n.own
+		return true
 	}
 	o.n.Add(-1)
-	return &n.shared
+	return false
 }
 
-func (o *ownConns) give(n *node, s *service) {
-	if s == &n.own {
-		o.n.Add(-1)
-	}
-}
+func (o *ownConns) give() { o.n.Add(-1) }
+
+// refused records that the node refused, or broke, a connection of a
+// call's own.
+func (o *ownConns) refused() { o.refusedAt.Store(time.Now().UnixNano()) }
 
 // liveness probes one node for the calls under way on it.
 type liveness struct {

@@ -1,11 +1,16 @@
 package client_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,4 +151,76 @@ func TestManyCallsAtOnce(t *testing.T) {
 			t.Fatalf("grant %d has token %d, want %d: %v", i, tok, want, tokens)
 		}
 	}
+}
+
+// fenced closes a connection beyond --max-conns-per-addr as it accepts it.
+// A client with more calls under way than that, here waiting acquires that
+// each hold a connection while they wait, must still get every call
+// through: over the shared connection.
+func TestRefusedConnectionsGoShared(t *testing.T) {
+	srv := fencetest.NewServer(fencetest.WithMaxConnsPerAddr(4))
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const waiters, rounds = 24, 5
+	errs := make(chan error, waiters)
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Go(func() {
+			for range rounds {
+				l, err := c.Grant(ctx, "refused/one", client.WithTTL(10*time.Second), client.WithWait())
+				if err == nil {
+					_, err = c.Release(ctx, "refused/one", l.ID)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	c.Close() // and its idle connections, which count against the limit
+	if n := refusedConns(t, srv.Addr); n == 0 {
+		t.Fatal("the server refused no connection: the test did not reach the limit")
+	}
+}
+
+// refusedConns reads fence_connections_refused_total{limit="max-conns-per-addr"}
+// from the server's metrics, trying again while the server still counts
+// closed connections against the limit.
+func refusedConns(t *testing.T, addr string) float64 {
+	t.Helper()
+	var (
+		resp *http.Response
+		err  error
+	)
+	for range 50 {
+		if resp, err = http.Get("http://" + addr + "/metrics"); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), `fence_connections_refused_total{limit="max-conns-per-addr"} `); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no refusal counter in the server's metrics (%v)", sc.Err())
+	return 0
 }

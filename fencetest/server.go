@@ -69,6 +69,14 @@ func WithKeyPublishDelay(d time.Duration) Option {
 	return optionFunc(func(c *server.Config) { c.KeyPublishDelay = d })
 }
 
+// WithMaxConnsPerAddr bounds the API connections open at once from one IP
+// address, as fenced's --max-conns-per-addr does (default 1024): the server
+// closes a connection beyond it as it accepts it. Clients of the server
+// then share fewer connections, as many clients behind one address do.
+func WithMaxConnsPerAddr(n int) Option {
+	return optionFunc(func(c *server.Config) { c.MaxConnsPerAddr = n })
+}
+
 // NewServer starts a server on a free loopback port and waits until it
 // grants. It panics if it cannot, like httptest.NewServer.
 func NewServer(opts ...Option) *Server {
