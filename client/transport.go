@@ -17,27 +17,27 @@ import (
 // How calls reach a node.
 //
 // A call goes over a connection of its own (HTTP/1.1, kept alive between
-// calls) while fewer than maxOwnConns of the client's calls to the node
-// are under way that way; the calls beyond those, and every watch, share
-// one HTTP/2 connection a node. fenced closes a connection beyond its
-// limits (--max-conns, --max-conns-per-addr) as it accepts it, as it does
-// when many clients share one address: a call whose own connection breaks
-// before it is answered goes again over the shared connection at once,
-// the client closes its idle connections of their own, and its calls to
-// the node share the HTTP/2 connection for refusalMemory. fenced reads, handles and answers an HTTP/1.1 request
-// on the connection's goroutine, where over HTTP/2 the request and its
-// answer each pass between several goroutines on either side: a lone
-// caller's lock cycle took about a third longer over HTTP/2
-// (BENCHMARKS.md, "Calls over connections of their own").
+// calls) while fewer than maxOwnConns of the client's calls to the node are
+// under way that way; the calls beyond those, and every watch, share one
+// HTTP/2 connection a node. fenced closes a connection beyond its limits
+// (--max-conns, and --max-conns-per-addr, which many clients behind one
+// address can reach) as it accepts it: a call whose own connection breaks
+// before it is answered goes again over the shared connection at once, the
+// client closes its idle connections of their own, and its calls to the
+// node share the HTTP/2 connection for refusalMemory. fenced reads, handles
+// and answers an HTTP/1.1 request on the connection's goroutine, where over
+// HTTP/2 the request and its answer each pass between several goroutines on
+// either side: a lone caller's lock cycle took about a third longer over
+// HTTP/2 (BENCHMARKS.md, "Calls over connections of their own").
 //
 // HTTP/2's pings notice a node that stopped answering (paused, cut off);
 // HTTP/1.1 has nothing like them. So a call under way for probeEvery has
-// its node probed (GET /healthz over the shared connection, which takes
-// no connection of its own; any live fenced answers it at once, leader or
-// not), and probed again every probeEvery while it lasts: a node
-// that does not answer within probeTimeout has the call cancelled, and the
-// call fails over as one on a broken connection does. Concurrent calls to
-// one node share a probe.
+// its node probed (GET /healthz over the shared connection, which takes no
+// connection of its own; any live fenced answers it at once, leader or
+// not), and probed again every probeEvery while it lasts: a node that does
+// not answer within probeTimeout has the call cancelled, and the call fails
+// over as one on a broken connection does. Concurrent calls to one node
+// share a probe.
 const (
 	maxOwnConns   = 64
 	refusalMemory = time.Minute
