@@ -34,7 +34,8 @@ services: ## install (Debian packages, when missing) and start PostgreSQL, Maria
 .PHONY: test
 test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~6 min on 2 cores, more when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
-	  $(GO) test -race -count=1 -timeout 20m -json ./... | $(TESTPROGRESS)
+	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
+	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)
 
 .PHONY: test-ts
 test-ts: services ## the TypeScript client and guards (clients/typescript): npm ci, build, node --test against a real fenced and the servers of make services
