@@ -27,12 +27,12 @@ help: ## list the targets
 services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on loopback; install chromium
 	./scripts/services.sh
 
-# The whole suite takes about 6 minutes on 2 cores with the module cache
-# filled (5m48s of tests on a clean clone), 13 on a machine busy with other
+# The whole suite takes about 7 minutes on 2 cores with the module cache
+# filled (6m37s of tests on a clean clone), 13 on a machine busy with other
 # work; most of it goes to cmd/fenced's cluster and kill -9 tests,
 # cmd/fencecheck's two 20-second fault runs and the database tests.
 .PHONY: test
-test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~6 min on 2 cores, more when busy), a line per package
+test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~7 min on 2 cores, more when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
 	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)
