@@ -345,3 +345,46 @@ func TestOversizedBodyIs413(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroWindowAnswerIsCut: an HTTP/2 client that asks for an answer and
+// gives it no flow-control window has its stream reset once the answer
+// cannot be written for the write timeout. A unary answer is small and
+// is sent after its handler returns, where no write deadline covered it:
+// the stream, and the goroutine writing it, waited for ever.
+func TestZeroWindowAnswerIsCut(t *testing.T) {
+	s := startWith(t, func(c *Config) { c.WriteTimeout = 300 * time.Millisecond })
+	c := dialFrom(t, "127.0.0.1", s.Addr())
+	fr := http2.NewFramer(c, c)
+	c.Write([]byte(http2.ClientPreface))
+	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", s.Addr()},
+		{":path", fencev1connect.LeaseServiceGetProcedure}, {"content-type", "application/json"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
+	fr.WriteData(1, true, []byte(`{"scope":"a"}`))
+
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no reset of the stream whose answer waits on a zero window: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+			}
+		case *http2.DataFrame:
+			if len(f.Data()) > 0 {
+				t.Fatalf("the server sent %d bytes of data into a zero window", len(f.Data()))
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID == 1 {
+				return
+			}
+		}
+	}
+}

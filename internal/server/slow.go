@@ -11,9 +11,20 @@ import (
 // its buffers for ever. The deadline covers a write only while it is under
 // way (an HTTP/2 stream is reset when its deadline passes, even idle), so a
 // watch that is quiet for hours is left alone.
+//
+// Over HTTP/2 the last bytes of an answer (all of a small one) wait in a
+// buffer that the server sends once the handler has returned, with no
+// deadline, for as long as the client gives no flow-control window: they
+// are sent here instead, under the same deadline. Over HTTP/1.1 the
+// server writes them at once, and an early flush would cost the answer
+// its Content-Length.
 func cutSlowReaders(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(&deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}, r)
+		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(dw, r)
+		if r.ProtoMajor == 2 {
+			dw.Flush()
+		}
 	})
 }
 
