@@ -119,7 +119,7 @@ func TestLongCallNotCut(t *testing.T) {
 // connections of its own for go over the shared connection, and every one
 // is granted in turn.
 func TestManyCallsAtOnce(t *testing.T) {
-	_, c := start(t)
+	srv, c := start(t)
 	ctx := testContext(t)
 	const n = 100
 	holder := acquire(t, c, "orders", client.WithHolder("holder"))
@@ -131,6 +131,12 @@ func TestManyCallsAtOnce(t *testing.T) {
 		}()
 	}
 	eventually(t, fmt.Sprintf("%d waiters queued", n), func() bool { return get(t, c, "orders").Waiters == n })
+	// 64 of their own and the shared one, the connection this reads the
+	// metric over, and a few that net/http dialled while a connection was
+	// on its way back to the pool (it keeps them idle).
+	if open := metric(t, srv.Addr, "fence_connections_open"); open > 64+8 {
+		t.Fatalf("%v connections open with %d waiters: the client keeps at most 64 of its own a node", open, n)
+	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -187,15 +193,15 @@ func TestRefusedConnectionsGoShared(t *testing.T) {
 		t.Error(err)
 	}
 	c.Close() // and its idle connections, which count against the limit
-	if n := refusedConns(t, srv.Addr); n == 0 {
+	if n := metric(t, srv.Addr, `fence_connections_refused_total{limit="max-conns-per-addr"}`); n == 0 {
 		t.Fatal("the server refused no connection: the test did not reach the limit")
 	}
 }
 
-// refusedConns reads fence_connections_refused_total{limit="max-conns-per-addr"}
-// from the server's metrics, trying again while the server still counts
-// closed connections against the limit.
-func refusedConns(t *testing.T, addr string) float64 {
+// metric reads the sample named (with its labels) name from the server's
+// metrics, trying again while the server still counts closed connections
+// against its limit.
+func metric(t *testing.T, addr, name string) float64 {
 	t.Helper()
 	var (
 		resp *http.Response
@@ -213,7 +219,7 @@ func refusedConns(t *testing.T, addr string) float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), `fence_connections_refused_total{limit="max-conns-per-addr"} `); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -221,6 +227,6 @@ func refusedConns(t *testing.T, addr string) float64 {
 			return n
 		}
 	}
-	t.Fatalf("no refusal counter in the server's metrics (%v)", sc.Err())
+	t.Fatalf("no %s in the server's metrics (%v)", name, sc.Err())
 	return 0
 }
