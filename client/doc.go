@@ -160,15 +160,15 @@
 // under way that way; the calls beyond those, and every watch, share one
 // HTTP/2 connection a node. fenced answers an HTTP/1.1 call on the
 // goroutine that read it, and a lone caller's calls take about a quarter
-// less time than over HTTP/2. fenced closes a connection beyond its
-// limits (--max-conns, --max-conns-per-addr) as it accepts it: a call
-// whose own connection breaks before it is answered goes again at once
-// over the HTTP/2 connection, the client closes its idle connections of
-// their own, and its calls to that node share the HTTP/2 connection for
-// a minute. A call under way for two seconds has its node probed (GET
-// /healthz, over the HTTP/2 connection) every two seconds while it lasts: a node that does not answer
-// a probe within two seconds (paused, frozen, cut off) has the call
-// cancelled, and the call fails over to the next address as one on a
+// less time than over HTTP/2. fenced closes a connection beyond its limits
+// (--max-conns, --max-conns-per-addr) as it accepts it: a call whose own
+// connection breaks before it is answered goes again at once over the
+// HTTP/2 connection, the client closes its idle connections of their own,
+// and its calls to that node share the HTTP/2 connection for a minute. A
+// call under way for two seconds has its node probed (GET /healthz, over
+// the HTTP/2 connection) every two seconds while it lasts: a node that does
+// not answer a probe within two seconds (paused, frozen, cut off) has the
+// call cancelled, and the call fails over to the next address as one on a
 // broken connection does. Watches and the calls on the HTTP/2 connection
 // are covered by its pings as well. [WithHTTPClient] replaces both
 // connections with one client of your own.
