@@ -1,15 +1,11 @@
 package client_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +13,7 @@ import (
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/internal/scrape"
 )
 
 // silentAddr returns a loopback address that takes connections and never
@@ -134,7 +131,7 @@ func TestManyCallsAtOnce(t *testing.T) {
 	// 64 of their own and the shared one, the connection this reads the
 	// metric over, and a few that net/http dialled while a connection was
 	// on its way back to the pool (it keeps them idle).
-	if open := metric(t, srv.Addr, "fence_connections_open"); open > 64+8 {
+	if open := scrape.Value(t, srv.Addr, "fence_connections_open"); open > 64+8 {
 		t.Fatalf("%v connections open with %d waiters: the client keeps at most 64 of its own a node", open, n)
 	}
 	if err := holder.Release(ctx); err != nil {
@@ -193,40 +190,7 @@ func TestRefusedConnectionsGoShared(t *testing.T) {
 		t.Error(err)
 	}
 	c.Close() // and its idle connections, which count against the limit
-	if n := metric(t, srv.Addr, `fence_connections_refused_total{limit="max-conns-per-addr"}`); n == 0 {
+	if n := scrape.Value(t, srv.Addr, `fence_connections_refused_total{limit="max-conns-per-addr"}`); n == 0 {
 		t.Fatal("the server refused no connection: the test did not reach the limit")
 	}
-}
-
-// metric reads the sample named (with its labels) name from the server's
-// metrics, trying again while the server still counts closed connections
-// against its limit.
-func metric(t *testing.T, addr, name string) float64 {
-	t.Helper()
-	var (
-		resp *http.Response
-		err  error
-	)
-	for range 50 {
-		if resp, err = http.Get("http://" + addr + "/metrics"); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no %s in the server's metrics (%v)", name, sc.Err())
-	return 0
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/scrape"
 )
 
 // TestScopeChurnStaysBounded acquires and releases many distinct scopes,
@@ -36,7 +35,7 @@ func TestScopeChurnStaysBounded(t *testing.T) {
 	var next atomic.Int64
 	checkpoint := func(done int) {
 		t.Helper()
-		records := metric(t, addr, "fence_scope_records")
+		records := scrape.Value(t, addr, "fence_scope_records")
 		if records > 4096+workers {
 			t.Fatalf("after %d scopes: %v scope records, want at most the 4,096 idle ones kept plus %d held", done, records, workers)
 		}
@@ -77,28 +76,6 @@ func TestScopeChurnStaysBounded(t *testing.T) {
 	if l.Token <= 1 {
 		t.Fatalf("orders/1 granted again with token %d, not above its first grant's 1", l.Token)
 	}
-}
-
-// metric reads one unlabelled gauge from fenced's /metrics.
-func metric(t *testing.T, addr, name string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("/metrics has no %s", name)
-	return 0
 }
 
 // rss returns a process's resident set in bytes, from /proc.
