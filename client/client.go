@@ -32,10 +32,13 @@ const DefaultAddr = "127.0.0.1:7480"
 // for concurrent use.
 type Client struct {
 	nodes []node
-	cur   atomic.Int32   // index into nodes of the address calls go to
-	https []*http.Client // own and shared (see transport.go); Close closes their idle connections
-	cfg   config
-	renew renewer // the leases' keep-alives
+	cur   atomic.Int32 // index into nodes of the address calls go to
+	// own carries the calls on connections of their own, shared the
+	// others and the watches (see transport.go); WithHTTPClient makes
+	// them one client.
+	own, shared *http.Client
+	cfg         config
+	renew       renewer // the leases' keep-alives
 
 	// The concurrent Acquire (without wait), Renew and Release calls,
 	// coalesced into batch calls (see coalescer).
@@ -87,7 +90,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if shared == nil {
 		own, shared = transports(cfg.tls)
 	}
-	c := &Client{https: []*http.Client{own, shared}, cfg: cfg}
+	c := &Client{own: own, shared: shared, cfg: cfg}
 	c.life, c.endLife = context.WithCancel(context.Background())
 	c.renew.c = c
 	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany}
@@ -231,9 +234,8 @@ func (c *Client) Close() error {
 		})
 	}
 	wg.Wait()
-	for _, h := range c.https {
-		h.CloseIdleConnections()
-	}
+	c.own.CloseIdleConnections()
+	c.shared.CloseIdleConnections()
 	return errors.Join(errs...)
 }
 
@@ -577,7 +579,7 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 // second try as it did the first.
 func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Context, *service) (T, error)) (T, error) {
 	s := &n.shared
-	if c.https[0] != c.https[1] && n.conns.take() {
+	if c.own != c.shared && n.conns.take() {
 		s = &n.own
 		defer n.conns.give()
 	}
@@ -587,7 +589,7 @@ func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Cont
 	if err != nil && broken(actx, err) {
 		// The client's idle connections of their own count against the
 		// node's limits: closing them makes room for the shared one.
-		c.https[0].CloseIdleConnections()
+		c.own.CloseIdleConnections()
 		if s == &n.own {
 			n.conns.refused()
 			v, err = f(actx, &n.shared)
