@@ -42,10 +42,10 @@ type acquireConfig struct {
 // package documentation, Connections).
 func WithHTTPClient(h *http.Client) Option { return optionFunc(func(c *config) { c.httpClient = h }) }
 
-// WithTLS makes the client speak HTTPS (HTTP/1.1 and HTTP/2 over TLS) with c: its
-// RootCAs verify the service, its Certificates identify the client to a
-// service that requires client certificates. Addresses without a scheme
-// then mean https://. Ignored with WithHTTPClient.
+// WithTLS makes the client speak HTTPS (HTTP/1.1 and HTTP/2 over TLS)
+// with c: its RootCAs verify the service, its Certificates identify the
+// client to a service that requires client certificates. Addresses without
+// a scheme then mean https://. Ignored with WithHTTPClient.
 func WithTLS(c *tls.Config) Option { return optionFunc(func(cfg *config) { cfg.tls = c }) }
 
 // WithBearerToken sends token as "Authorization: Bearer" with every call,
