@@ -147,7 +147,9 @@ func (s *Store) UpdateBatch(ctx context.Context, scope string, w guard.Write, st
 }
 
 // advance checks w against its scope's highest mark in tx and, unless it
-// is stale, records it as the new highest.
+// is stale, records it as the new highest. A mark that w leaves as it was,
+// the holder's next write under the same token, is not written again:
+// bbolt would copy its page out at the commit all the same.
 func advance(tx *bbolt.Tx, w guard.Write, strict bool) error {
 	b := tx.Bucket([]byte(Bucket))
 	if b == nil {
@@ -161,7 +163,11 @@ func advance(tx *bbolt.Tx, w guard.Write, strict bool) error {
 	if err := guard.Check(w.Token.Scope, highest, w, strict); err != nil {
 		return err
 	}
-	return b.Put(key, encode(guard.Next(highest, w)))
+	next := guard.Next(highest, w)
+	if next == highest {
+		return nil
+	}
+	return b.Put(key, encode(next))
 }
 
 // validate refuses, before the file is touched, a call already cancelled,

@@ -117,6 +117,47 @@ func TestDataAndMarkCommitTogether(t *testing.T) {
 	})
 }
 
+// TestSameMarkNotWrittenAgain: a write that leaves its scope's mark as it
+// was (the holder's next write under the same token) writes no page for
+// the mark: with nothing else to write, its transaction writes what an
+// empty one does (bbolt's freelist and meta pages).
+func TestSameMarkNotWrittenAgain(t *testing.T) {
+	s, err := boltguard.Open(filepath.Join(t.TempDir(), "g.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	nothing := func(*bbolt.Tx) error { return nil }
+	written := func() int64 {
+		st := s.DB().Stats()
+		return st.TxStats.GetWrite()
+	}
+	before := written()
+	if err := s.DB().Update(nothing); err != nil {
+		t.Fatal(err)
+	}
+	empty := written() - before
+	for _, w := range []guard.Write{
+		{Token: fence.Token{Scope: "orders", Value: 7}},
+		{Token: fence.Token{Scope: "orders", Value: 7}, Seq: 3},
+	} {
+		if err := s.Update(ctx, "orders", w, false, nothing); err != nil {
+			t.Fatal(err)
+		}
+		before := written()
+		if err := s.Update(ctx, "orders", w, false, nothing); err != nil {
+			t.Fatal(err)
+		}
+		if n := written() - before; n != empty {
+			t.Errorf("a second write of token %d seq %d wrote %d pages, want the %d of an empty transaction", w.Token.Value, w.Seq, n, empty)
+		}
+		if m, _ := s.Highest("orders"); m.Token != 7 || m.Seq != w.Seq {
+			t.Errorf("mark after the second write = %+v, want token 7 seq %d", m, w.Seq)
+		}
+	}
+}
+
 // TestFenceApplyWritesInTheSameTransaction: through the guard.Store
 // interface, apply finds the transaction and its writes share its fate.
 func TestFenceApplyWritesInTheSameTransaction(t *testing.T) {
