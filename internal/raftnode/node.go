@@ -335,6 +335,11 @@ func (n *Node) Close() error {
 	close(n.done)
 	n.wg.Wait()
 	n.trans.Close()
+	// A network transport's Close leaves the connections it pooled for
+	// calls to peers open, and the peers' handlers waiting on them.
+	if t, ok := n.trans.(interface{ CloseStreams() }); ok {
+		t.CloseStreams()
+	}
 	return errors.Join(err, n.store.Close())
 }
 
