@@ -202,6 +202,35 @@ func TestClusterLeaderKill(t *testing.T) {
 	t.Logf("%d grants acknowledged", len(w.acks))
 }
 
+// TestClusterLeaderStop stops the leader with SIGTERM while 32 clients
+// acquire, renew and release: it hands the leadership to a follower
+// before it exits (its log says so), grants go on at the new leader, and
+// the history holds no token granted twice.
+func TestClusterLeaderStop(t *testing.T) {
+	c := startCluster(t, 3)
+	defer dumpLogs(t, c)
+	admin := newClient(t, c.addrs(), client.WithRetryTimeout(30*time.Second))
+	w := runWorkload(t, c.addrs(), 32, 8)
+	time.Sleep(time.Second)
+	old := c.leader()
+	before := w.count()
+	old.p.stop(t)
+	w.epoch.Add(1)
+	exited := time.Now()
+	if b, err := os.ReadFile(old.p.log); err != nil || !strings.Contains(string(b), "handed the leadership to another voter before stopping") {
+		t.Errorf("the stopped leader's log does not say it handed the leadership over (%v)", err)
+	}
+	nl := c.leader(c.others(old)...)
+	t.Logf("stopped leader %s; %s serving %v after it exited", old.id, nl.id, time.Since(exited).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	if w.count() == before {
+		t.Errorf("no grant acknowledged in the second after %s took office", nl.id)
+	}
+	c.start(old)
+	c.waitVoters(3)
+	w.finish(t, admin)
+}
+
 // checkStatus checks the cluster's status as a client sees it: three
 // voters, each with both addresses, in the states want gives (the others
 // followers), and the leader named.

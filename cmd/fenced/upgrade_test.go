@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -40,12 +39,7 @@ func TestRollingUpgrade(t *testing.T) {
 	order := append(c.others(lead), lead)
 	for _, nd := range order {
 		before := w.count()
-		nd.p.signal(t, syscall.SIGTERM)
-		select {
-		case <-nd.p.exit:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%s did not stop within 20s of SIGTERM", nd.id)
-		}
+		nd.p.stop(t)
 		w.epoch.Add(1)
 		fencedBin = newBin
 		c.start(nd)

@@ -222,6 +222,31 @@ func (n *Node) reachable(id, raftAddr string) error {
 	return conn.Close()
 }
 
+// HandOff passes the leadership to the most up-to-date other voter and
+// waits for it to take over, if this node leads and has another voter;
+// otherwise it does nothing and reports false. A leader that stops
+// without handing off leaves its cluster without one until the followers'
+// election timeout; the voter handed to starts its election at once
+// (Raft's TimeoutNow). Until the hand-off completes, Raft refuses new
+// commands with ErrNoLeader, which clients retry.
+func (n *Node) HandOff(ctx context.Context) (bool, error) {
+	if !n.IsLeader() {
+		return false, nil
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return false, raftError(err)
+	}
+	others := false
+	for _, s := range f.Configuration().Servers {
+		others = others || s.Suffrage == raft.Voter && string(s.ID) != n.cfg.NodeID
+	}
+	if !others {
+		return false, nil
+	}
+	return true, n.wait(ctx, n.raft.LeadershipTransfer)
+}
+
 // RemoveServer takes id out of the configuration and records it as removed
 // for good.
 func (n *Node) RemoveServer(ctx context.Context, id string) error {

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/server"
 )
 
 // TestAddNodeRefusesAnAbsentNode: adding a voter whose Raft address does
@@ -111,5 +113,50 @@ func TestRenewalCommitsInACluster(t *testing.T) {
 		if after := lastIndex(); after <= before {
 			t.Errorf("%s in a cluster was confirmed without appending to the log (last index %v before, %v after)", name, before, after)
 		}
+	}
+}
+
+// TestLeaderHandsOffOnClose: a leader that is closed hands its office to
+// a follower first. The followers here would wait ten minutes before
+// electing a leader of their own, so one leads within the test's bound
+// only if the leader handed off; a lease held through the hand-off renews
+// on the new leader.
+func TestLeaderHandsOffOnClose(t *testing.T) {
+	ctx := testContext(t)
+	n1 := startNode(t, "n1")
+	await(ctx, t, "n1 leads", n1.Ready)
+	var followers []*server.Server
+	for _, id := range []string{"n2", "n3"} {
+		cfg := nodeConfig(id, n1.Addr())
+		cfg.ElectionTimeout = 10 * time.Minute
+		f := startNodeConfig(t, cfg)
+		await(ctx, t, id+" follows", func() bool {
+			code, _ := get(t, f.Addr(), "/readyz")
+			return code == http.StatusOK
+		})
+		followers = append(followers, f)
+	}
+	c, err := client.New(followers[0].Addr() + "," + followers[1].Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := n1.Close(closing); err != nil {
+		t.Fatalf("closing the leader: %v", err)
+	}
+	soon, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	await(soon, t, "a follower leads after the leader closed", func() bool {
+		return followers[0].Ready() || followers[1].Ready()
+	})
+	if _, err := c.Renew(ctx, "orders", l.ID); err != nil {
+		t.Fatalf("renewing the lease granted before the hand-off: %v", err)
 	}
 }

@@ -17,9 +17,14 @@ import (
 // and stops it at the end of the test.
 func startNode(t testing.TB, id string, join ...string) *server.Server {
 	t.Helper()
+	return startNodeConfig(t, nodeConfig(id, join...))
+}
+
+// nodeConfig is startNode's configuration, for a test to change first;
+// startNodeConfig gives it a data directory.
+func nodeConfig(id string, join ...string) server.Config {
 	cfg := server.DefaultConfig()
 	cfg.NodeID = id
-	cfg.DataDir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.RaftListen = "127.0.0.1:0"
 	cfg.Bootstrap = len(join) == 0
@@ -28,6 +33,12 @@ func startNode(t testing.TB, id string, join ...string) *server.Server {
 	// move the leadership under the tests' feet.
 	cfg.ElectionTimeout = 2 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return cfg
+}
+
+func startNodeConfig(t testing.TB, cfg server.Config) *server.Server {
+	t.Helper()
+	cfg.DataDir = t.TempDir()
 	s, err := server.Start(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -237,8 +237,9 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Ready reports whether the server is leader and serving.
 func (s *Server) Ready() bool { return s.lessor.Ready() }
 
-// Close stops serving, waits up to the context's deadline for requests in
-// flight, and closes Raft and the stores. Later calls return the first
+// Close hands the leadership to another voter if this node leads (see
+// raftnode.Node.HandOff), stops serving, waits up to the context's
+// deadline for requests in flight, and closes Raft and the stores. Later calls return the first
 // call's result.
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
@@ -246,6 +247,16 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) close(ctx context.Context) error {
+	// A leader hands off before it stops serving: its cluster then has a
+	// leader again after an election started at once, not after the
+	// followers' election timeout, and the calls that reach this node
+	// meanwhile are forwarded to the new leader or retried there.
+	switch handed, err := s.node.HandOff(ctx); {
+	case err != nil:
+		s.log.Warn("could not hand the leadership to another voter before stopping; the others elect one after their election timeout", "err", err)
+	case handed:
+		s.log.Info("handed the leadership to another voter before stopping", "leader", s.node.LeaderID())
+	}
 	s.lessor.Stop()
 	s.events.Close() // ends watches, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
