@@ -70,9 +70,10 @@ func WithKeyPublishDelay(d time.Duration) Option {
 }
 
 // WithMaxConnsPerAddr bounds the API connections open at once from one IP
-// address, as fenced's --max-conns-per-addr does (default 1024): the server
-// closes a connection beyond it as it accepts it. Clients of the server
-// then share fewer connections, as many clients behind one address do.
+// address (or IPv6 /64), as fenced's --max-conns-per-addr does (default
+// 1024): the server closes a connection beyond it as it accepts it.
+// Clients of the server then share fewer connections, as many clients
+// behind one address do.
 func WithMaxConnsPerAddr(n int) Option {
 	return optionFunc(func(c *server.Config) { c.MaxConnsPerAddr = n })
 }

@@ -94,7 +94,7 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	fs.IntVar(&cfg.MaxWaitersPerIdentity, "max-waiters-per-identity", cfg.MaxWaitersPerIdentity, "most acquires with wait one identity, or with auth off one holder name, may have under way at once (0: no limit)")
 	fs.IntVar(&cfg.MaxWaiters, "max-waiters", cfg.MaxWaiters, "most acquires that may wait in one scope's line; more are answered held (0: no limit)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "most API connections open at once, by default 3/4 of the open-file limit (ulimit -n); more are closed as soon as accepted")
-	fs.IntVar(&cfg.MaxConnsPerAddr, "max-conns-per-addr", cfg.MaxConnsPerAddr, "most API connections open at once from one IP address (clients behind one NAT or proxy share it); more are closed as soon as accepted")
+	fs.IntVar(&cfg.MaxConnsPerAddr, "max-conns-per-addr", cfg.MaxConnsPerAddr, "most API connections open at once from one IP address, or one IPv6 /64 (clients behind one NAT or proxy share it); more are closed as soon as accepted")
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", cfg.ReadTimeout, "longest time to read a whole request, body included; a slower request fails and its connection is closed (watches and waiting acquires are not affected)")
 	fs.BoolVar(&cfg.SignTokens, "sign-tokens", cfg.SignTokens, "sign every token (Ed25519; public keys at GET /keys); false hands out unsigned tokens, which a guard cannot tell from forged ones")
 	fs.DurationVar(&cfg.KeyGrace, "key-grace", cfg.KeyGrace, "how long tokens signed by a rotated-out key keep verifying")

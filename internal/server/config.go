@@ -71,9 +71,9 @@ type Config struct {
 	// with auth off one holder name, has under way at once (0: none).
 	MaxWaitersPerIdentity int
 	// MaxConns bounds the API connections open at once, and
-	// MaxConnsPerAddr those from one remote IP address; a connection
-	// beyond either is closed as soon as it is accepted. 0 means the
-	// default: three quarters of the process's open-file limit
+	// MaxConnsPerAddr those from one remote IP address (or IPv6 /64); a
+	// connection beyond either is closed as soon as it is accepted. 0
+	// means the default: three quarters of the process's open-file limit
 	// (RLIMIT_NOFILE), and 1024 per address (or MaxConns if lower).
 	MaxConns, MaxConnsPerAddr int
 	// ReadTimeout bounds the reading of a whole request, its body included

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -385,6 +386,29 @@ func TestZeroWindowAnswerIsCut(t *testing.T) {
 			if f.StreamID == 1 {
 				return
 			}
+		}
+	}
+}
+
+// TestConnectionsCountedByHost: --max-conns-per-addr counts an IPv4
+// address on its own and an IPv6 address with the rest of its /64, which
+// one host commonly holds whole; an IPv4-mapped IPv6 address counts as the
+// IPv4 one.
+func TestConnectionsCountedByHost(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:fffe", true},
+		{"2001:db8:1:2::1", "2001:db8:1:3::1", false},
+		{"fe80::1%eth0", "fe80::2%eth1", true},
+		{"127.0.0.2", "127.0.0.3", false},
+		{"::ffff:127.0.0.2", "127.0.0.2", true},
+		{"::ffff:127.0.0.2", "::1", false},
+	} {
+		ka, kb := addrKey(netip.MustParseAddr(tc.a)), addrKey(netip.MustParseAddr(tc.b))
+		if (ka == kb) != tc.same {
+			t.Errorf("%s counted as %s, %s as %s; want the same count: %v", tc.a, ka, tc.b, kb, tc.same)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // connLimiter is a listener that keeps at most total connections open, and
-// at most perAddr from one remote IP address. A connection beyond either
+// at most perAddr from one remote IP address (see remoteKey). A connection beyond either
 // limit is accepted and closed at once, rather than left in the kernel's
 // backlog as netutil.LimitListener would: the client learns at once, and
 // the backlog stays free for the clients the limits are there to serve.
@@ -23,13 +23,13 @@ type connLimiter struct {
 
 	mu      sync.Mutex
 	open    int
-	byAddr  map[netip.Addr]int
+	byAddr  map[netip.Prefix]int
 	logged  time.Time // when a refusal was last logged
 	refused int       // refusals since then
 }
 
 func limitConns(ln net.Listener, total, perAddr int, log *slog.Logger, onRefuse func(limit string)) *connLimiter {
-	return &connLimiter{Listener: ln, total: total, perAddr: perAddr, log: log, onRefuse: onRefuse, byAddr: make(map[netip.Addr]int)}
+	return &connLimiter{Listener: ln, total: total, perAddr: perAddr, log: log, onRefuse: onRefuse, byAddr: make(map[netip.Prefix]int)}
 }
 
 // Accept returns the next connection within the limits, closing the ones
@@ -40,7 +40,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		addr := remoteIP(c)
+		addr := remoteKey(c)
 		if limit := l.admit(addr); limit != "" {
 			c.Close()
 			l.onRefuse(limit)
@@ -58,7 +58,7 @@ const (
 )
 
 // admit counts a new connection from addr, or says which limit refuses it.
-func (l *connLimiter) admit(addr netip.Addr) (limit string) {
+func (l *connLimiter) admit(addr netip.Prefix) (limit string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -72,7 +72,7 @@ func (l *connLimiter) admit(addr netip.Addr) (limit string) {
 	return ""
 }
 
-func (l *connLimiter) release(addr netip.Addr) {
+func (l *connLimiter) release(addr netip.Prefix) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open--
@@ -90,7 +90,7 @@ func (l *connLimiter) openConns() int {
 
 // logRefusal logs a refused connection, at most once a minute with the
 // count since: a flood must not flood the log too.
-func (l *connLimiter) logRefusal(addr netip.Addr, limit string) {
+func (l *connLimiter) logRefusal(addr netip.Prefix, limit string) {
 	why := "the server has its most connections open (--max-conns)"
 	if limit == limitPerAddr {
 		why = "the address has its most connections open (--max-conns-per-addr)"
@@ -108,14 +108,27 @@ func (l *connLimiter) logRefusal(addr netip.Addr, limit string) {
 		"max_conns", l.total, "max_conns_per_addr", l.perAddr)
 }
 
-// remoteIP is the connection's remote IP address; connections that have
-// none (not TCP) share the zero address.
-func remoteIP(c net.Conn) netip.Addr {
+// remoteKey is the remote address that connections are counted by: an
+// IPv4 address, or the /64 of an IPv6 one, because a single IPv6 host is
+// commonly given a whole /64 and could otherwise open the limit from each
+// of its addresses. Connections without an IP address (not TCP) share the
+// zero prefix.
+func remoteKey(c net.Conn) netip.Prefix {
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
 	if err != nil {
-		return netip.Addr{}
+		return netip.Prefix{}
 	}
-	return ap.Addr().Unmap()
+	return addrKey(ap.Addr())
+}
+
+func addrKey(a netip.Addr) netip.Prefix {
+	a = a.Unmap().WithZone("")
+	bits := 32
+	if a.Is6() {
+		bits = 64
+	}
+	p, _ := a.Prefix(bits)
+	return p
 }
 
 // limitedConn gives its place back when closed, once however often Close
