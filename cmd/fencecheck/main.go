@@ -1,7 +1,7 @@
 // Command fencecheck runs fenced, a guarded resource and a set of workers
 // as real processes for a bounded time, injects the faults that fencing
-// tokens exist for (pauses, delayed requests, coordinator crashes,
-// partitions, clock drift) on a schedule derived from a seed, records
+// tokens exist for (pauses, delayed requests, coordinator crashes and
+// stops, partitions, clock drift) on a schedule derived from a seed, records
 // the history, and checks it:
 //
 //  1. no fenced request was applied with a token lower than one already

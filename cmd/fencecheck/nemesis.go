@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -88,6 +89,10 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
+// stopGrace bounds how long a fenced sent SIGTERM may take to exit: it
+// gives requests in flight up to 10 s, and a leader hands off first.
+const stopGrace = 15 * time.Second
+
 // do injects one fault and heals it.
 func (r *runner) do(ctx context.Context, f fault) {
 	hold := func() {
@@ -152,18 +157,27 @@ func (r *runner) do(ctx context.Context, f fault) {
 		for _, p := range w.fenced {
 			p.setCut(false)
 		}
-	case faultCrash:
+	case faultCrash, faultStop:
 		nd := r.leader(ctx)
 		if nd == nil {
-			r.miss(faultCrash, "there was no leader to kill at the time")
+			r.miss(f.Kind, "there was no leader to take down at the time")
 			return
 		}
 		what := "fenced"
 		if len(r.nodes) > 1 {
 			what = "the leader, " + nd.id
 		}
-		r.fault(faultCrash, fmt.Sprintf("kill -9 %s; restart after %v", what, f.For.Round(time.Millisecond)))
-		nd.p.kill()
+		if f.Kind == faultCrash {
+			r.fault(faultCrash, fmt.Sprintf("kill -9 %s; restart after %v", what, f.For.Round(time.Millisecond)))
+			nd.p.kill()
+		} else {
+			r.fault(faultStop, fmt.Sprintf("SIGTERM %s (a leader hands off first); restart after %v", what, f.For.Round(time.Millisecond)))
+			nd.p.signal(syscall.SIGTERM)
+			if !nd.p.wait(stopGrace) {
+				r.fault("error", fmt.Sprintf("%s did not exit within %v of SIGTERM; killed", nd.id, stopGrace))
+				nd.p.kill()
+			}
+		}
 		hold()
 		if err := nd.p.start(); err != nil {
 			r.fault("error", fmt.Sprintf("restart %s: %v", nd.id, err))

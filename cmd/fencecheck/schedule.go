@@ -13,13 +13,14 @@ const (
 	faultPause         = "pause"          // SIGSTOP a worker longer than its TTL, then SIGCONT
 	faultDelay         = "delay"          // hold a worker's next resource request back, then deliver it
 	faultCrash         = "crash"          // kill -9 fenced (the leader, in a cluster) and restart it
+	faultStop          = "stop"           // SIGTERM fenced (the leader, which hands off, in a cluster) and restart it
 	faultPartition     = "partition"      // cut a worker off from fenced
 	faultNodePartition = "node-partition" // cut a fenced node off from the others (cluster only)
 	faultDrift         = "drift"          // a worker whose clock runs slow or fast, for the whole run
 	faultResourceCrash = "resource-crash" // kill -9 the resource and restart it on the same data
 )
 
-var allFaults = []string{faultPause, faultDelay, faultCrash, faultPartition, faultNodePartition, faultDrift, faultResourceCrash}
+var allFaults = []string{faultPause, faultDelay, faultCrash, faultStop, faultPartition, faultNodePartition, faultDrift, faultResourceCrash}
 
 // fault is one entry of the schedule: at At after the start, do Kind to
 // worker (or node) Target for For.
@@ -51,8 +52,8 @@ type schedule struct {
 
 // plan derives the schedule. Faults start from one second in until two
 // seconds before the end (so that in-flight requests resolve before the
-// final reads), one every 0.6 to 1.8 seconds; crashes of fenced, and of
-// the resource, are at least four seconds apart.
+// final reads), one every 0.6 to 1.8 seconds; crashes and stops of
+// fenced, and crashes of the resource, are at least four seconds apart.
 func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, kinds []string) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x66656e6365636b)) // "fencechk"
 	on := func(k string) bool { return slices.Contains(kinds, k) }
@@ -73,7 +74,7 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 	}
 	var menu []weighted
 	total := 0
-	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}, {faultResourceCrash, 1}} {
+	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}, {faultResourceCrash, 1}, {faultStop, 1}} {
 		if on(k.kind) && (k.kind != faultNodePartition || nodes > 1) {
 			menu = append(menu, k)
 			total += k.w
@@ -106,11 +107,12 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 			f.For = scaled(2, 3.5)
 		case faultPartition:
 			f.For = scaled(1.5, 3)
-		case faultCrash, faultResourceCrash:
-			if t-lastCrash[k] < 4*time.Second {
+		case faultCrash, faultStop, faultResourceCrash:
+			down := downs(k)
+			if t-lastCrash[down] < 4*time.Second {
 				continue
 			}
-			lastCrash[k] = t
+			lastCrash[down] = t
 			f.Target = 0 // the leader, or the resource
 			f.For = between(0.2, 1.5)
 		case faultNodePartition:
@@ -120,6 +122,15 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 		s.faults = append(s.faults, f)
 	}
 	return s
+}
+
+// downs is what a crash or stop takes down, for their spacing: fenced
+// (faultCrash) or the resource (faultResourceCrash).
+func downs(kind string) string {
+	if kind == faultStop {
+		return faultCrash
+	}
+	return kind
 }
 
 // counts returns the number of planned faults of each kind.

@@ -31,11 +31,12 @@ func TestPlanIsDerivedFromTheSeed(t *testing.T) {
 		if f.At < time.Second || f.At > time.Minute-2*time.Second {
 			t.Errorf("%v is outside [1s, end-2s]", f)
 		}
-		if f.Kind == faultCrash || f.Kind == faultResourceCrash {
-			if f.At-lastCrash[f.Kind] < 4*time.Second {
-				t.Errorf("%s at %v and %v: closer than 4s", f.Kind, lastCrash[f.Kind], f.At)
+		if f.Kind == faultCrash || f.Kind == faultStop || f.Kind == faultResourceCrash {
+			down := downs(f.Kind)
+			if f.At-lastCrash[down] < 4*time.Second {
+				t.Errorf("%s at %v after taking %s down at %v: closer than 4s", f.Kind, f.At, down, lastCrash[down])
 			}
-			lastCrash[f.Kind] = f.At
+			lastCrash[down] = f.At
 		}
 		if f.Kind == faultPause && f.For <= time.Second {
 			t.Errorf("%v: a pause must outlast the TTL", f)

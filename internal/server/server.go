@@ -255,7 +255,7 @@ func (s *Server) close(ctx context.Context) error {
 	case err != nil:
 		s.log.Warn("could not hand the leadership to another voter before stopping; the others elect one after their election timeout", "err", err)
 	case handed:
-		s.log.Info("handed the leadership to another voter before stopping", "leader", s.node.LeaderID())
+		s.log.Info("handed the leadership to another voter before stopping")
 	}
 	s.lessor.Stop()
 	s.events.Close() // ends watches, which Shutdown would wait for
