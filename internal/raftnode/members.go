@@ -222,13 +222,14 @@ func (n *Node) reachable(id, raftAddr string) error {
 	return conn.Close()
 }
 
-// HandOff passes the leadership to the most up-to-date other voter and
-// waits for it to take over, if this node leads and has another voter;
-// otherwise it does nothing and reports false. A leader that stops
-// without handing off leaves its cluster without one until the followers'
-// election timeout; the voter handed to starts its election at once
-// (Raft's TimeoutNow). Until the hand-off completes, Raft refuses new
-// commands with ErrNoLeader, which clients retry.
+// HandOff passes the leadership to the most up-to-date other voter, if
+// this node leads and has another voter; otherwise it does nothing and
+// reports false. A leader that stops without handing off leaves its
+// cluster without one until the followers' election timeout; the voter
+// handed to starts its election at once (Raft's TimeoutNow). HandOff
+// returns once this node has stepped down for that election, or with an
+// error after an election timeout; meanwhile Raft refuses new commands
+// with ErrNoLeader, which clients retry.
 func (n *Node) HandOff(ctx context.Context) (bool, error) {
 	if !n.IsLeader() {
 		return false, nil
