@@ -54,8 +54,11 @@ type schedule struct {
 // seconds before the end (so that in-flight requests resolve before the
 // final reads), one every 0.6 to 1.8 seconds; crashes and stops of
 // fenced, and crashes of the resource, are at least four seconds apart.
+// Whether fenced is killed or stopped is drawn from a stream of its own,
+// so that the stop fault left the rest of a seed's schedule as it was.
 func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, kinds []string) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x66656e6365636b)) // "fencechk"
+	stops := rand.New(rand.NewPCG(seed, 0x73746f70))     // "stop"
 	on := func(k string) bool { return slices.Contains(kinds, k) }
 	s := schedule{rates: make([]float64, workers)}
 	for i := range s.rates {
@@ -74,8 +77,18 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 	}
 	var menu []weighted
 	total := 0
-	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}, {faultResourceCrash, 1}, {faultStop, 1}} {
-		if on(k.kind) && (k.kind != faultNodePartition || nodes > 1) {
+	// faultCrash stands for taking fenced down, by kill -9 or by SIGTERM.
+	takeDown := func() string {
+		switch {
+		case !on(faultStop):
+			return faultCrash
+		case !on(faultCrash), stops.IntN(2) == 0:
+			return faultStop
+		}
+		return faultCrash
+	}
+	for _, k := range []weighted{{faultPause, 3}, {faultDelay, 3}, {faultCrash, 1}, {faultPartition, 2}, {faultNodePartition, 1}, {faultResourceCrash, 1}} {
+		if (on(k.kind) || k.kind == faultCrash && on(faultStop)) && (k.kind != faultNodePartition || nodes > 1) {
 			menu = append(menu, k)
 			total += k.w
 		}
@@ -107,14 +120,16 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 			f.For = scaled(2, 3.5)
 		case faultPartition:
 			f.For = scaled(1.5, 3)
-		case faultCrash, faultStop, faultResourceCrash:
-			down := downs(k)
-			if t-lastCrash[down] < 4*time.Second {
+		case faultCrash, faultResourceCrash:
+			if t-lastCrash[k] < 4*time.Second {
 				continue
 			}
-			lastCrash[down] = t
+			lastCrash[k] = t
 			f.Target = 0 // the leader, or the resource
 			f.For = between(0.2, 1.5)
+			if k == faultCrash {
+				f.Kind = takeDown()
+			}
 		case faultNodePartition:
 			f.Target = rng.IntN(nodes + 1) // nodes: the leader
 			f.For = between(2, 4)
@@ -122,15 +137,6 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 		s.faults = append(s.faults, f)
 	}
 	return s
-}
-
-// downs is what a crash or stop takes down, for their spacing: fenced
-// (faultCrash) or the resource (faultResourceCrash).
-func downs(kind string) string {
-	if kind == faultStop {
-		return faultCrash
-	}
-	return kind
 }
 
 // counts returns the number of planned faults of each kind.

@@ -32,7 +32,10 @@ func TestPlanIsDerivedFromTheSeed(t *testing.T) {
 			t.Errorf("%v is outside [1s, end-2s]", f)
 		}
 		if f.Kind == faultCrash || f.Kind == faultStop || f.Kind == faultResourceCrash {
-			down := downs(f.Kind)
+			down := f.Kind // what it takes down: fenced or the resource
+			if down == faultStop {
+				down = faultCrash
+			}
 			if f.At-lastCrash[down] < 4*time.Second {
 				t.Errorf("%s at %v after taking %s down at %v: closer than 4s", f.Kind, f.At, down, lastCrash[down])
 			}
@@ -40,6 +43,42 @@ func TestPlanIsDerivedFromTheSeed(t *testing.T) {
 		}
 		if f.Kind == faultPause && f.For <= time.Second {
 			t.Errorf("%v: a pause must outlast the TTL", f)
+		}
+	}
+}
+
+// TestStopsTakeCrashSlots: the stop fault takes some of the slots that
+// crash would have, and leaves the rest of a seed's schedule as it was
+// without it (the seeds of runs recorded before it plan the same faults).
+func TestStopsTakeCrashSlots(t *testing.T) {
+	var before []string
+	for _, k := range allFaults {
+		if k != faultStop {
+			before = append(before, k)
+		}
+	}
+	for seed := range uint64(20) {
+		was := plan(seed, 2*time.Minute, 4, 3, time.Second, before)
+		now := plan(seed, 2*time.Minute, 4, 3, time.Second, allFaults)
+		if len(was.faults) != len(now.faults) || !slices.Equal(was.rates, now.rates) {
+			t.Fatalf("seed %d: %d faults without stops, %d with", seed, len(was.faults), len(now.faults))
+		}
+		for i, f := range now.faults {
+			if f.Kind == faultStop {
+				f.Kind = faultCrash
+			}
+			if f != was.faults[i] {
+				t.Errorf("seed %d: fault %d is %v with stops, %v without", seed, i, now.faults[i], was.faults[i])
+			}
+		}
+	}
+	only := plan(1, 2*time.Minute, 4, 3, time.Second, []string{faultStop})
+	if len(only.faults) == 0 {
+		t.Fatal("no stop planned with only stops asked for")
+	}
+	for _, f := range only.faults {
+		if f.Kind != faultStop {
+			t.Errorf("planned %v; only stops were asked for", f)
 		}
 	}
 }
