@@ -213,17 +213,6 @@ func (p *proc) signal(t testing.TB, sig syscall.Signal) {
 	}
 }
 
-// stop sends SIGTERM and waits for the process to exit.
-func (p *proc) stop(t testing.TB) {
-	t.Helper()
-	p.signal(t, syscall.SIGTERM)
-	select {
-	case <-p.exit:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("fenced pid %d did not exit within 30s of SIGTERM", p.cmd.Process.Pid)
-	}
-}
-
 func dumpLogs(t *testing.T, c *testCluster) {
 	if !t.Failed() {
 		return

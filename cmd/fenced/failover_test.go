@@ -217,6 +217,9 @@ func TestClusterLeaderStop(t *testing.T) {
 	old.p.stop(t)
 	w.epoch.Add(1)
 	exited := time.Now()
+	if code := old.p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("the stopped leader exited with status %d, want 0", code)
+	}
 	if b, err := os.ReadFile(old.p.log); err != nil || !strings.Contains(string(b), "handed the leadership to another voter before stopping") {
 		t.Errorf("the stopped leader's log does not say it handed the leadership over (%v)", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,14 +88,7 @@ func TestSIGTERMShutsDownCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.exit:
-	case <-time.After(20 * time.Second):
-		t.Fatal("fenced still running 20s after SIGTERM")
-	}
+	p.stop(t)
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 		b, _ := os.ReadFile(p.log)
 		t.Fatalf("exit code %d after SIGTERM\n%s", code, b)

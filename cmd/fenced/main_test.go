@@ -113,6 +113,17 @@ var h2cClient = func() *http.Client {
 	return &http.Client{Transport: t}
 }()
 
+// stop sends SIGTERM and waits for the process to exit.
+func (p *proc) stop(t testing.TB) {
+	t.Helper()
+	p.signal(t, syscall.SIGTERM)
+	select {
+	case <-p.exit:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fenced pid %d did not exit within 30s of SIGTERM", p.cmd.Process.Pid)
+	}
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *proc) kill(t testing.TB) {
 	t.Helper()
