@@ -9,12 +9,13 @@ import (
 )
 
 // connLimiter is a listener that keeps at most total connections open, and
-// at most perAddr from one remote IP address (see remoteKey). A connection beyond either
-// limit is accepted and closed at once, rather than left in the kernel's
-// backlog as netutil.LimitListener would: the client learns at once, and
-// the backlog stays free for the clients the limits are there to serve.
-// With the total a fraction of the process's file descriptors, fenced keeps
-// descriptors for its Raft log, snapshots and peers whatever comes in.
+// at most perAddr from one remote IP address (see addrKey). A connection
+// beyond either limit is accepted and closed at once, rather than left in
+// the kernel's backlog as netutil.LimitListener would: the client learns
+// at once, and the backlog stays free for the clients the limits are there
+// to serve. With the total a fraction of the process's file descriptors,
+// fenced keeps descriptors for its Raft log, snapshots and peers whatever
+// comes in.
 type connLimiter struct {
 	net.Listener
 	total, perAddr int
@@ -108,11 +109,8 @@ func (l *connLimiter) logRefusal(addr netip.Prefix, limit string) {
 		"max_conns", l.total, "max_conns_per_addr", l.perAddr)
 }
 
-// remoteKey is the remote address that connections are counted by: an
-// IPv4 address, or the /64 of an IPv6 one, because a single IPv6 host is
-// commonly given a whole /64 and could otherwise open the limit from each
-// of its addresses. Connections without an IP address (not TCP) share the
-// zero prefix.
+// remoteKey is addrKey of the connection's remote address. Connections
+// without an IP address (not TCP) share the zero prefix.
 func remoteKey(c net.Conn) netip.Prefix {
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
 	if err != nil {
@@ -121,6 +119,9 @@ func remoteKey(c net.Conn) netip.Prefix {
 	return addrKey(ap.Addr())
 }
 
+// addrKey is what connections from a are counted by: an IPv4 address, or
+// the /64 of an IPv6 one, because a single IPv6 host is commonly given a
+// whole /64 and could otherwise open the limit from each of its addresses.
 func addrKey(a netip.Addr) netip.Prefix {
 	a = a.Unmap().WithZone("")
 	bits := 32
