@@ -190,7 +190,7 @@ func TestRefusedConnectionsGoShared(t *testing.T) {
 		t.Error(err)
 	}
 	c.Close() // and its idle connections, which count against the limit
-	if n := scrape.Value(t, srv.Addr, `fence_connections_refused_total{limit="max-conns-per-addr"}`); n == 0 {
+	if n := scrape.Value(t, srv.Addr, "fence_connections_refused_total", "limit", "max-conns-per-addr"); n == 0 {
 		t.Fatal("the server refused no connection: the test did not reach the limit")
 	}
 }

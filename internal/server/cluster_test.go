@@ -11,6 +11,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/scrape"
 	"github.com/fence-dev/fence/internal/server"
 )
 
@@ -74,7 +75,7 @@ func TestRenewalCommitsInACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	lastIndex := func() float64 {
-		v, ok := metricValue(scrape(t, leader.Addr()), "fence_raft_last_log_index")
+		v, ok := scrape.Find(scrape.Families(t, leader.Addr()), "fence_raft_last_log_index")
 		if !ok {
 			t.Fatal("no fence_raft_last_log_index")
 		}

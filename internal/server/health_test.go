@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/internal/scrape"
 	"github.com/fence-dev/fence/internal/server"
 )
 
@@ -125,10 +126,10 @@ func TestHealthFollower(t *testing.T) {
 	if code != http.StatusOK || !strings.HasPrefix(body, "ready: follower of n1") {
 		t.Errorf("follower /readyz = %d %q, want 200 ready: follower of n1", code, body)
 	}
-	if got, _ := metricValue(scrape(t, follower.Addr()), "fence_raft_leader"); got != 0 {
+	if got, _ := scrape.Find(scrape.Families(t, follower.Addr()), "fence_raft_leader"); got != 0 {
 		t.Errorf("follower's fence_raft_leader = %v, want 0: its own, not the leader's", got)
 	}
-	if got, _ := metricValue(scrape(t, leader.Addr()), "fence_raft_leader"); got != 1 {
+	if got, _ := scrape.Find(scrape.Families(t, leader.Addr()), "fence_raft_leader"); got != 1 {
 		t.Errorf("leader's fence_raft_leader = %v, want 1", got)
 	}
 }

@@ -4,66 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/internal/scrape"
 )
-
-// scrape reads a server's /metrics with Prometheus' own text parser.
-func scrape(t testing.TB, addr string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return fams
-}
-
-// metricValue returns the value of the series of name whose labels include
-// the given name=value pairs: a counter's or gauge's value, a histogram's
-// count. ok is false when there is no such series.
-func metricValue(fams map[string]*dto.MetricFamily, name string, labels ...string) (v float64, ok bool) {
-	f := fams[name]
-	if f == nil {
-		return 0, false
-	}
-next:
-	for _, m := range f.Metric {
-		for i := 0; i+1 < len(labels); i += 2 {
-			if !slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == labels[i] && l.GetValue() == labels[i+1] }) {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue(), true
-		case m.Gauge != nil:
-			return m.Gauge.GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount()), true
-		}
-	}
-	return 0, false
-}
 
 // awaitExpiry polls until scope is free: its lease expired (bounded by the
 // test's context, not by a timing threshold).
@@ -153,7 +103,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("renewing an expired lease: %v, want lost", err)
 	}
 
-	fams := scrape(t, srv.Addr)
+	fams := scrape.Families(t, srv.Addr)
 	want := []struct {
 		name   string
 		labels []string
@@ -178,21 +128,21 @@ func TestMetrics(t *testing.T) {
 		{"fence_ready", nil, 1},
 	}
 	for _, w := range want {
-		got, ok := metricValue(fams, w.name, w.labels...)
+		got, ok := scrape.Find(fams, w.name, w.labels...)
 		if !ok || got != w.value {
 			t.Errorf("%s%v = %v (present %v), want %v", w.name, w.labels, got, ok, w.value)
 		}
 	}
 	// Raft's indexes and the process defaults are there; their values are
 	// the server's business.
-	term, _ := metricValue(fams, "fence_raft_term")
-	commit, _ := metricValue(fams, "fence_raft_commit_index")
-	applied, _ := metricValue(fams, "fence_raft_applied_index")
+	term, _ := scrape.Find(fams, "fence_raft_term")
+	commit, _ := scrape.Find(fams, "fence_raft_commit_index")
+	applied, _ := scrape.Find(fams, "fence_raft_applied_index")
 	if term < 1 || commit < 1 || applied < 1 {
 		t.Errorf("raft term %v, commit %v, applied %v; want each at least 1", term, commit, applied)
 	}
 	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", "process_resident_memory_bytes"} {
-		if _, ok := metricValue(fams, name); !ok {
+		if _, ok := scrape.Find(fams, name); !ok {
 			t.Errorf("%s missing", name)
 		}
 	}
@@ -219,10 +169,10 @@ func TestMetricsPerServer(t *testing.T) {
 	if _, err := c.Grant(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := metricValue(scrape(t, one.Addr), "fence_lease_grants_total"); got != 1 {
+	if got, _ := scrape.Find(scrape.Families(t, one.Addr), "fence_lease_grants_total"); got != 1 {
 		t.Errorf("first server's grants = %v, want 1", got)
 	}
-	if got, _ := metricValue(scrape(t, two.Addr), "fence_lease_grants_total"); got != 0 {
+	if got, _ := scrape.Find(scrape.Families(t, two.Addr), "fence_lease_grants_total"); got != 0 {
 		t.Errorf("second server's grants = %v, want 0", got)
 	}
 }

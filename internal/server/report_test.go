@@ -8,6 +8,7 @@ import (
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/internal/scrape"
 )
 
 // TestReportRejections: reported rejections are counted, with the token
@@ -42,13 +43,13 @@ func TestReportRejections(t *testing.T) {
 	if err := c.ReportRejections(ctx, "db", rs, 5); err != nil {
 		t.Fatal(err)
 	}
-	fams := scrape(t, srv.Addr)
+	fams := scrape.Families(t, srv.Addr)
 	for name, want := range map[string]float64{
 		"fence_stale_rejections_reported_total": 2,
 		"fence_stale_rejections_dropped_total":  5,
 		"fence_stale_token_gap":                 2, // observations
 	} {
-		if got, _ := metricValue(fams, name); got != want {
+		if got, _ := scrape.Find(fams, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
