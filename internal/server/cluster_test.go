@@ -28,11 +28,7 @@ func TestAddNodeRefusesAnAbsentNode(t *testing.T) {
 	}
 	absent := ln.Addr().String()
 	ln.Close() // nothing answers there now
-	c, err := client.New(leader.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, leader.Addr())
 
 	_, err = c.AddNode(ctx, "n2", absent, "127.0.0.1:1")
 	var inv *fence.InvalidError
@@ -65,11 +61,7 @@ func TestRenewalCommitsInACluster(t *testing.T) {
 	ctx := testContext(t)
 	leader := startNode(t, "n1")
 	await(ctx, t, "n1 leads", func() bool { return leader.Ready() })
-	c, err := client.New(leader.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, leader.Addr())
 	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -137,11 +129,7 @@ func TestLeaderHandsOffOnClose(t *testing.T) {
 		})
 		followers = append(followers, f)
 	}
-	c, err := client.New(followers[0].Addr() + "," + followers[1].Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, followers[0].Addr()+","+followers[1].Addr())
 	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/internal/scrape"
 	"github.com/fence-dev/fence/internal/server"
@@ -50,6 +51,18 @@ func startNodeConfig(t testing.TB, cfg server.Config) *server.Server {
 		s.Close(ctx)
 	})
 	return s
+}
+
+// newClient returns a client of addrs (one address, or a comma-separated
+// list), closed at the end of the test.
+func newClient(t testing.TB, addrs string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(addrs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // startPair starts a two-node cluster and returns its leader and its

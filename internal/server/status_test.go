@@ -148,11 +148,7 @@ func TestStatusEvents(t *testing.T) {
 func TestStatusPageFollower(t *testing.T) {
 	ctx := testContext(t)
 	_, follower := startPair(ctx, t)
-	c, err := client.New(follower.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, follower.Addr())
 	lifeOfAScope(ctx, t, c)
 	_, page := get(t, follower.Addr(), "/")
 	for _, want := range []string{"This is node <b>n2</b>; leader <b>n1</b>", "loading them from n1"} {
@@ -173,11 +169,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	b := browsertest.Start(t)
 	ctx := testContext(t)
 	_, follower := startPair(ctx, t)
-	c, err := client.New(follower.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, follower.Addr())
 	lifeOfAScope(ctx, t, c)
 	b.Navigate(ctx, "http://"+follower.Addr()+"/")
 	b.WaitText(ctx, "This is node n2", "Leases as seen by leader",

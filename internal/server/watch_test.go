@@ -12,11 +12,7 @@ import (
 func TestWatchThroughFollower(t *testing.T) {
 	ctx := testContext(t)
 	_, follower := startPair(ctx, t)
-	c, err := client.New(follower.Addr(), client.WithHolder("w"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, follower.Addr(), client.WithHolder("w"))
 	if _, err := c.Grant(ctx, "orders/0"); err != nil {
 		t.Fatal(err)
 	}
