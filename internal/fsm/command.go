@@ -66,11 +66,12 @@ const (
 //   - 3: OpBatch.
 //   - 4: OpAddKey's ActivateAt: a new key is published before it signs.
 //   - 5: an OpBatch may carry waiting acquires.
+//   - 6: entries may be protobuf (BinaryFormat).
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 5
+const LogFormat = 6
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -258,7 +259,8 @@ func needID(c Command) error {
 	return nil
 }
 
-// Encode returns the command's log form.
+// Encode returns the command's log form in JSON, as every format writes
+// it before BinaryFormat (EncodeFor).
 func (c Command) Encode() []byte {
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -282,13 +284,20 @@ func (o Op) known() bool {
 // build that knows the command gives alike.
 func DecodeCommand(b []byte) (Command, error) {
 	var c Command
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return Command{}, fmt.Errorf("decode command: %w: %w", ErrUnknownEntry, err)
-	}
-	if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
-		return Command{}, fmt.Errorf("decode command: %w: trailing data after the command", ErrUnknownEntry)
+	if len(b) > 0 && b[0] == binaryMark {
+		var err error
+		if c, err = decodeBinary(b[1:]); err != nil {
+			return Command{}, err
+		}
+	} else {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return Command{}, fmt.Errorf("decode command: %w: %w", ErrUnknownEntry, err)
+		}
+		if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
+			return Command{}, fmt.Errorf("decode command: %w: trailing data after the command", ErrUnknownEntry)
+		}
 	}
 	if !c.Op.known() {
 		return Command{}, fmt.Errorf("decode command: %w: operation %q", ErrUnknownEntry, c.Op)

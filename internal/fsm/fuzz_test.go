@@ -21,7 +21,9 @@ func FuzzDecodeCommand(f *testing.F) {
 		{Op: OpSetFormat, Format: 2},
 	} {
 		f.Add(c.Encode())
+		f.Add(c.EncodeFor(BinaryFormat))
 	}
+	f.Add(batchOf(acquire("a", 1), release("b", 2)).EncodeFor(BinaryFormat))
 	f.Add([]byte(`{"op":"acquire","scope":"a","lease_id":"00000000000000000000000000000001","ttl":-1}`))
 	f.Add([]byte(`{"op":"promote"}}`))
 	f.Add([]byte(`{"OP":"expire","Scope":"a","token":9223372036854775807}`))
@@ -43,6 +45,10 @@ func FuzzDecodeCommand(f *testing.F) {
 		}
 		if !bytes.Equal(again.Encode(), enc) {
 			t.Fatalf("the log form is not stable: %s, then %s", enc, again.Encode())
+		}
+		bin := c.EncodeFor(BinaryFormat)
+		if again, err := DecodeCommand(bin); err != nil || !cmp.Equal(c, again) {
+			t.Fatalf("the binary form %x of an accepted command decodes to %+v, %v", bin, again, err)
 		}
 		// Applying it never panics and never finds it invalid: on a fresh
 		// state, and on one where its scope is held, with a waiter. A

@@ -177,3 +177,37 @@ func TestProbeFormat(t *testing.T) {
 		t.Errorf("membersBehind with an older build in the configuration: %q, %v; want \"old\"", behind, err)
 	}
 }
+
+// TestEntriesFollowTheLogFormat: a node writes its entries in JSON until
+// the cluster's log format reaches fsm.BinaryFormat, and in binary from
+// then on, which builds before it cannot read.
+func TestEntriesFollowTheLogFormat(t *testing.T) {
+	n := &Node{state: fsm.New()}
+	m := (*machine)(n)
+	entry := func() []byte {
+		return fsm.Command{Op: fsm.OpPromote}.EncodeFor(int(n.format.Load()))
+	}
+	for i, f := range []int{fsm.BinaryFormat - 1, fsm.BinaryFormat} {
+		m.ApplyBatch([]*raft.Log{{Index: uint64(i + 1), Type: raft.LogCommand, Data: fsm.Command{Op: fsm.OpSetFormat, Format: f}.Encode()}})
+		if binary := entry()[0] != '{'; binary != (f >= fsm.BinaryFormat) {
+			t.Errorf("at log format %d the node writes %q", f, entry())
+		}
+	}
+
+	n = open(t, t.TempDir()) // raised to this build's format
+	defer n.Close()
+	if _, err := n.Apply(context.Background(), fsm.Command{Op: fsm.OpPromote}); err != nil {
+		t.Fatal(err)
+	}
+	last, err := n.store.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l raft.Log
+	if err := n.store.GetLog(last, &l); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := fsm.DecodeCommand(l.Data); err != nil || c.Op != fsm.OpPromote || l.Data[0] == '{' {
+		t.Errorf("the last entry at log format %d: %q (%+v, %v), want a binary promote", n.Format(), l.Data, c, err)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -109,6 +110,9 @@ type Node struct {
 
 	mu    sync.RWMutex // guards state
 	state *fsm.State
+	// format is the state's log format as of its last change, for Apply,
+	// which must not wait for mu while a batch of entries applies.
+	format atomic.Int64
 
 	// calls is held for reading from the start of every Raft operation
 	// until its future has answered, and for writing by Close: Raft never
@@ -270,7 +274,7 @@ func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 		return fsm.Result{}, errClosed
 	}
 	defer n.calls.RUnlock()
-	f := n.raft.Apply(c.Encode(), timeout(ctx, 10*time.Second))
+	f := n.raft.Apply(c.EncodeFor(int(n.format.Load())), timeout(ctx, 10*time.Second))
 	if err := f.Error(); err != nil {
 		return fsm.Result{}, raftError(err)
 	}
@@ -389,6 +393,7 @@ func (m *machine) ApplyBatch(logs []*raft.Log) []any {
 		events = append(events, r.Events...)
 		out[i] = r
 	}
+	m.format.Store(int64(m.state.Format()))
 	m.mu.Unlock()
 	if len(events) > 0 && m.cfg.OnEvents != nil {
 		m.cfg.OnEvents(events)
@@ -410,6 +415,7 @@ func (m *machine) Restore(rc io.ReadCloser) error {
 	}
 	m.mu.Lock()
 	m.state = st
+	m.format.Store(int64(st.Format()))
 	m.mu.Unlock()
 	if m.cfg.OnRestore != nil {
 		m.cfg.OnRestore()
