@@ -141,6 +141,7 @@ func TestWithLogger(t *testing.T) {
 	if _, err := c.Release(ctx, "orders", g.ID); err != nil {
 		t.Fatal(err)
 	}
+	srv.Close() // the event lines are written off the state machine's goroutine, by Close at the latest
 	logs := buf.String()
 	for _, want := range []string{
 		`msg="lease granted" scope=orders token=1 lease=` + g.ID.Fingerprint() + ` holder=logged`,

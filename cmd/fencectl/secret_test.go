@@ -179,7 +179,7 @@ func TestLeaseIDsStaySecret(t *testing.T) {
 	}
 	texts["fenced log"] = string(log)
 	if strings.Contains(string(log), " lease_id=") {
-		t.Errorf("fenced logs the attribute lease_id; log the fingerprint as lease instead (internal/server/server.go logEvent: slog.String(\"lease\", e.Lease.ID.Fingerprint()))")
+		t.Errorf("fenced logs the attribute lease_id; log the fingerprint as lease instead (internal/server/eventlines.go: slog.String(\"lease\", e.Lease.ID.Fingerprint()))")
 	}
 	// The log must be the one of this run, at debug level, or the test
 	// proves nothing.

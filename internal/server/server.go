@@ -46,6 +46,7 @@ type Server struct {
 	lessor   *lessor.Lessor
 	metrics  *metrics       // metrics.go
 	events   *eventlog.Ring // recent lease events, for watchers
+	lines    *eventLines    // the lease events' log lines
 	rejected *eventlog.Rejections
 	status   *status.Page
 
@@ -125,6 +126,7 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.lines = newEventLines(s.log)
 	node, err := raftnode.Open(raftnode.Config{
 		TLS:               raftTLS,
 		NodeID:            cfg.NodeID,
@@ -146,6 +148,7 @@ func Start(cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		ln.Close()
+		s.lines.Close()
 		return nil, err
 	}
 	s.node = node
@@ -204,6 +207,7 @@ func Start(cfg Config) (*Server, error) {
 			ln.Close()
 			s.lessor.Stop()
 			node.Close()
+			s.lines.Close()
 			s.lessor.Wait()
 			return nil, err
 		}
@@ -267,6 +271,7 @@ func (s *Server) close(ctx context.Context) error {
 		s.stopJoin()
 	}
 	err = errors.Join(err, s.node.Close())
+	s.lines.Close() // after the node: no event comes after it closed
 	s.lessor.Wait()
 	s.bg.Wait()
 	return err
@@ -314,26 +319,12 @@ func (s *Server) onEvents(events []fsm.Event) {
 		// While the log is replayed at start-up, the transitions are old
 		// news: log only what happens while serving.
 		if serving {
-			s.logEvent(e)
+			s.lines.add(now, e)
 			if le, ok := eventlog.FromFSM(e, now); ok {
 				s.publish(le)
 			}
 		}
 	}
-}
-
-func (s *Server) logEvent(e fsm.Event) {
-	level := slog.LevelInfo
-	if e.Kind == fsm.EventCancelled {
-		level = slog.LevelDebug
-	}
-	s.log.LogAttrs(context.Background(), level, "lease "+e.Kind.String(),
-		slog.String("scope", e.Scope),
-		slog.Uint64("token", e.Lease.Token),
-		slog.String("lease", e.Lease.ID.Fingerprint()),
-		slog.String("holder", e.Lease.Holder),
-		slog.Duration("ttl", e.Lease.TTL),
-	)
 }
 
 // authenticate puts the caller's identity in each request's context, when
