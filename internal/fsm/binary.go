@@ -52,46 +52,51 @@ func (c Command) EncodeFor(format int) []byte {
 	if format < BinaryFormat {
 		return c.Encode()
 	}
-	m, ok := toProto(c)
-	if !ok {
+	var m logv1.Command
+	if !fill(&m, &c) {
 		return c.Encode()
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend([]byte{binaryMark}, m)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend([]byte{binaryMark}, &m)
 	if err != nil {
 		return c.Encode()
 	}
 	return b
 }
 
-func toProto(c Command) (*logv1.Command, bool) {
+// fill sets m to c, and reports false if c has an operation protobuf
+// cannot carry. A batch's commands share one allocation: a leader encodes
+// a batch for every round of its callers.
+func fill(m *logv1.Command, c *Command) bool {
 	op, ok := opNumbers[c.Op]
 	if !ok {
-		return nil, false
+		return false
 	}
-	m := &logv1.Command{
-		Op: op, Scope: c.Scope, Holder: c.Holder, Ttl: int64(c.TTL), Wait: c.Wait,
-		RequestId: c.RequestID, Token: c.Token, At: c.At, Node: c.Node, Addr: c.Addr,
-		KeyId: c.KeyID, ActivateAt: c.ActivateAt, MaxWaiters: int64(c.MaxWaiters),
-		Seed: c.Seed, Owner: c.Owner, Format: int64(c.Format),
-	}
+	m.Op, m.Scope, m.Holder, m.Ttl, m.Wait = op, c.Scope, c.Holder, int64(c.TTL), c.Wait
+	m.RequestId, m.Token, m.At, m.Node, m.Addr = c.RequestID, c.Token, c.At, c.Node, c.Addr
+	m.KeyId, m.ActivateAt, m.MaxWaiters = c.KeyID, c.ActivateAt, int64(c.MaxWaiters)
+	m.Seed, m.Owner, m.Format = c.Seed, c.Owner, int64(c.Format)
 	if !c.LeaseID.IsZero() {
 		m.LeaseId = c.LeaseID[:]
 	}
 	if len(c.Expiries) > 0 {
+		es := make([]logv1.Expiry, len(c.Expiries))
 		m.Expiries = make([]*logv1.Expiry, len(c.Expiries))
 		for i, e := range c.Expiries {
-			m.Expiries[i] = &logv1.Expiry{Scope: e.Scope, Token: e.Token}
+			es[i].Scope, es[i].Token = e.Scope, e.Token
+			m.Expiries[i] = &es[i]
 		}
 	}
 	if len(c.Commands) > 0 {
+		subs := make([]logv1.Command, len(c.Commands))
 		m.Commands = make([]*logv1.Command, len(c.Commands))
-		for i, sub := range c.Commands {
-			if m.Commands[i], ok = toProto(sub); !ok {
-				return nil, false
+		for i := range c.Commands {
+			if !fill(&subs[i], &c.Commands[i]) {
+				return false
 			}
+			m.Commands[i] = &subs[i]
 		}
 	}
-	return m, true
+	return true
 }
 
 // decodeBinary parses a binary entry (without its mark) into the Command

@@ -52,11 +52,12 @@ func FuzzDecodeCommand(f *testing.F) {
 		}
 		// Applying it never panics and never finds it invalid: on a fresh
 		// state, and on one where its scope is held, with a waiter. A
-		// batch needs the log format that has batches.
+		// batch needs the log format that has batches, and one with a
+		// waiting acquire the format that allows that.
 		fresh := func() *State {
 			s := New()
 			if c.Op == OpBatch {
-				s.Apply(Command{Op: OpSetFormat, Format: BatchFormat})
+				s.Apply(Command{Op: OpSetFormat, Format: WaitBatchFormat})
 			}
 			return s
 		}
