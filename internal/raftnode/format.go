@@ -135,6 +135,23 @@ func (n *Node) Format() int {
 // this build's, it asks every other member which formats its build knows,
 // and raises the format once all of them know it.
 func (n *Node) raiseFormat(ctx context.Context) {
+	// A new leader may not have applied its whole log yet, the entry that
+	// raised the format included: read the format once it has, or it
+	// would raise the format again and say so.
+	for {
+		err := n.Barrier(ctx)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, errClosed) || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(probeInterval):
+		}
+	}
 	for {
 		if n.Format() >= fsm.LogFormat {
 			return

@@ -211,3 +211,37 @@ func TestEntriesFollowTheLogFormat(t *testing.T) {
 		t.Errorf("the last entry at log format %d: %q (%+v, %v), want a binary promote", n.Format(), l.Data, c, err)
 	}
 }
+
+// TestRestartedLeaderDoesNotRaiseAgain: a node that leads again after a
+// restart has not yet applied the entry that raised the format when it
+// takes office; it must not propose (and log) the raise a second time.
+func TestRestartedLeaderDoesNotRaiseAgain(t *testing.T) {
+	dir := t.TempDir()
+	open(t, dir).Close()
+	n := open(t, dir)
+	defer n.Close()
+	if _, err := n.Apply(context.Background(), fsm.Command{Op: fsm.OpPromote}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := n.store.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := n.store.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raises := 0
+	for i := first; i <= last; i++ {
+		var l raft.Log
+		if err := n.store.GetLog(i, &l); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := fsm.DecodeCommand(l.Data); l.Type == raft.LogCommand && err == nil && c.Op == fsm.OpSetFormat {
+			raises++
+		}
+	}
+	if raises != 1 {
+		t.Errorf("%d entries raise the log format, want 1", raises)
+	}
+}
