@@ -22,6 +22,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
 	"github.com/fence-dev/fence/internal/authz"
@@ -47,6 +48,7 @@ type Server struct {
 	metrics  *metrics       // metrics.go
 	events   *eventlog.Ring // recent lease events, for watchers
 	lines    *eventLines    // the lease events' log lines
+	presign  *presigner     // signs a reacquired scope's next token ahead
 	rejected *eventlog.Rejections
 	status   *status.Page
 
@@ -127,6 +129,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	s.lines = newEventLines(s.log)
+	s.presign = newPresigner(s)
 	node, err := raftnode.Open(raftnode.Config{
 		TLS:               raftTLS,
 		NodeID:            cfg.NodeID,
@@ -149,6 +152,7 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		ln.Close()
 		s.lines.Close()
+		s.presign.Close()
 		return nil, err
 	}
 	s.node = node
@@ -208,6 +212,7 @@ func Start(cfg Config) (*Server, error) {
 			s.lessor.Stop()
 			node.Close()
 			s.lines.Close()
+			s.presign.Close()
 			s.lessor.Wait()
 			return nil, err
 		}
@@ -272,6 +277,7 @@ func (s *Server) close(ctx context.Context) error {
 	}
 	err = errors.Join(err, s.node.Close())
 	s.lines.Close() // after the node: no event comes after it closed
+	s.presign.Close()
 	s.lessor.Wait()
 	s.bg.Wait()
 	return err
@@ -320,6 +326,9 @@ func (s *Server) onEvents(events []fsm.Event) {
 		// news: log only what happens while serving.
 		if serving {
 			s.lines.add(now, e)
+			if e.Kind == fsm.EventGranted && s.cfg.SignTokens {
+				s.presign.granted(fence.Token{Scope: e.Scope, Value: e.Lease.Token})
+			}
 			if le, ok := eventlog.FromFSM(e, now); ok {
 				s.publish(le)
 			}

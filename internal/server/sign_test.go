@@ -1,12 +1,15 @@
 package server
 
 import (
+	"context"
 	"crypto/ed25519"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
 	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
 )
 
 // The signer signs with curve25519-voi, or with crypto/ed25519 in FIPS
@@ -32,4 +35,50 @@ func TestSignaturesAreTheStandardLibrarys(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPresignsReacquiredScopes: once a scope is granted again, the next
+// token's signature is made ahead, and the grant that follows carries
+// exactly it; a scope granted once is not signed ahead.
+func TestPresignsReacquiredScopes(t *testing.T) {
+	s := startSigner(t, "n1", 0)
+	c := newClient(t, s)
+	ctx := context.Background()
+	cached := func(scope string, value uint64) (string, bool) {
+		s.signer.mu.Lock()
+		defer s.signer.mu.Unlock()
+		sig, ok := s.signer.cache[fence.Token{Scope: scope, Value: value}]
+		return sig, ok
+	}
+	var last fence.Lease
+	for i := range 3 {
+		if i == 2 {
+			// Queued before the third grant of "lock", so done once that
+			// grant's next token is signed.
+			if _, err := c.Grant(ctx, "once"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := c.Grant(ctx, "lock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Release(ctx, "lock", l.ID); err != nil {
+			t.Fatal(err)
+		}
+		last = l
+	}
+	waitFor(t, "the signature of lock's token 4", func() bool { _, ok := cached("lock", 4); return ok })
+	if _, ok := cached("once", 2); ok {
+		t.Error("a scope granted once had its next token signed ahead")
+	}
+	var k fsm.SigningKey
+	s.node.Read(func(st *fsm.State) { k, _ = st.SignerAt(time.Now().UnixNano()) })
+	want := signWith(k.Seed, false)(fence.Token{Scope: "lock", Value: 3}.SignedPayload())
+	if last.Token != 3 || last.Signed.Sig != string(want) {
+		t.Errorf("third grant of lock: token %d signed %x; want token 3 signed %x", last.Token, last.Signed.Sig, want)
+	}
+	if sig, ok := cached("lock", 3); !ok || sig != string(want) {
+		t.Errorf("the signature made ahead for token 3 is %x, want %x", sig, want)
+	}
 }

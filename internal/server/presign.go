@@ -1,0 +1,62 @@
+package server
+
+import (
+	"github.com/fence-dev/fence"
+)
+
+// maxQueuedPresigns bounds the grants waiting for their scope's next
+// signature; past it a grant is not signed ahead, and nothing waits.
+const maxQueuedPresigns = 1024
+
+// presigner makes, ahead of time, the signature of the next token of a
+// scope that was just granted, when that scope is one this node granted
+// before: a lock taken again and again, or a contended scope whose line
+// takes its turns. The grant that follows then finds its signature in the
+// signer's cache instead of making it while its caller waits; a token's
+// signature covers only its scope and value, and Ed25519 signatures are
+// deterministic, so a signature made ahead is the one it would have made.
+// A scope granted once is not signed ahead, so a workload of new scopes
+// costs no signature more. It works on one goroutine, from a bounded
+// queue that grants are dropped from when it is behind.
+type presigner struct {
+	s    *Server
+	ch   chan fence.Token
+	done chan struct{}
+}
+
+func newPresigner(s *Server) *presigner {
+	p := &presigner{s: s, ch: make(chan fence.Token, maxQueuedPresigns), done: make(chan struct{})}
+	go p.run()
+	return p
+}
+
+// granted queues the grant of token t. It never waits.
+func (p *presigner) granted(t fence.Token) {
+	select {
+	case p.ch <- t:
+	default:
+	}
+}
+
+func (p *presigner) run() {
+	defer close(p.done)
+	sg := &p.s.signer
+	for t := range p.ch {
+		if t.Value == 0 || t.Value >= fence.MaxToken {
+			continue
+		}
+		sg.mu.Lock()
+		_, before := sg.cache[fence.Token{Scope: t.Scope, Value: t.Value - 1}]
+		_, made := sg.cache[fence.Token{Scope: t.Scope, Value: t.Value + 1}]
+		sg.mu.Unlock()
+		if before && !made {
+			p.s.sign(fence.Token{Scope: t.Scope, Value: t.Value + 1})
+		}
+	}
+}
+
+// Close stops the goroutine. No grant may be queued after it.
+func (p *presigner) Close() {
+	close(p.ch)
+	<-p.done
+}
