@@ -21,6 +21,8 @@ const BinaryFormat = 6
 // entry says which form it is in.
 const binaryMark = 0x06
 
+// opNumbers are every operation this build knows (Op.known), with its
+// number in binary entries.
 var opNumbers = map[Op]logv1.Op{
 	OpAcquire:    logv1.Op_OP_ACQUIRE,
 	OpRelease:    logv1.Op_OP_RELEASE,

@@ -271,11 +271,8 @@ func (c Command) Encode() []byte {
 
 // known reports whether this build knows the operation.
 func (o Op) known() bool {
-	switch o {
-	case OpAcquire, OpRelease, OpExpire, OpExpireMany, OpCancel, OpPromote, OpSetNode, OpForgetNode, OpAddKey, OpSetFormat, OpBatch:
-		return true
-	}
-	return false
+	_, ok := opNumbers[o]
+	return ok
 }
 
 // DecodeCommand parses and validates a command's log form. An entry it

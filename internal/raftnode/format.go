@@ -124,12 +124,9 @@ func (l *tcpLayer) probeFormat(addr raft.ServerAddress) (int, error) {
 }
 
 // Format returns the cluster's log format as this node has applied it. It
-// is safe for concurrent use.
-func (n *Node) Format() int {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	return n.state.Format()
-}
+// is safe for concurrent use, and does not wait while a batch of entries
+// applies: Apply reads it for every command it encodes.
+func (n *Node) Format() int { return max(int(n.format.Load()), 1) }
 
 // raiseFormat runs while this node leads: until the cluster's log format is
 // this build's, it asks every other member which formats its build knows,
@@ -143,13 +140,8 @@ func (n *Node) raiseFormat(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, errClosed) || ctx.Err() != nil {
+		if errors.Is(err, errClosed) || !pause(ctx) {
 			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(probeInterval):
 		}
 	}
 	for {
@@ -177,11 +169,19 @@ func (n *Node) raiseFormat(ctx context.Context) {
 			}
 			n.cfg.Logger.Warn("raising the log format", "err", err)
 		}
-		select {
-		case <-ctx.Done():
+		if !pause(ctx) {
 			return
-		case <-time.After(probeInterval):
 		}
+	}
+}
+
+// pause waits probeInterval, and reports false if ctx ends first.
+func pause(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(probeInterval):
+		return true
 	}
 }
 

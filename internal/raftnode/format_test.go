@@ -185,7 +185,7 @@ func TestEntriesFollowTheLogFormat(t *testing.T) {
 	n := &Node{state: fsm.New()}
 	m := (*machine)(n)
 	entry := func() []byte {
-		return fsm.Command{Op: fsm.OpPromote}.EncodeFor(int(n.format.Load()))
+		return fsm.Command{Op: fsm.OpPromote}.EncodeFor(n.Format())
 	}
 	for i, f := range []int{fsm.BinaryFormat - 1, fsm.BinaryFormat} {
 		m.ApplyBatch([]*raft.Log{{Index: uint64(i + 1), Type: raft.LogCommand, Data: fsm.Command{Op: fsm.OpSetFormat, Format: f}.Encode()}})
@@ -199,14 +199,8 @@ func TestEntriesFollowTheLogFormat(t *testing.T) {
 	if _, err := n.Apply(context.Background(), fsm.Command{Op: fsm.OpPromote}); err != nil {
 		t.Fatal(err)
 	}
-	last, err := n.store.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var l raft.Log
-	if err := n.store.GetLog(last, &l); err != nil {
-		t.Fatal(err)
-	}
+	logs := storedLogs(t, n)
+	l := logs[len(logs)-1]
 	if c, err := fsm.DecodeCommand(l.Data); err != nil || c.Op != fsm.OpPromote || l.Data[0] == '{' {
 		t.Errorf("the last entry at log format %d: %q (%+v, %v), want a binary promote", n.Format(), l.Data, c, err)
 	}
@@ -223,6 +217,20 @@ func TestRestartedLeaderDoesNotRaiseAgain(t *testing.T) {
 	if _, err := n.Apply(context.Background(), fsm.Command{Op: fsm.OpPromote}); err != nil {
 		t.Fatal(err)
 	}
+	raises := 0
+	for _, l := range storedLogs(t, n) {
+		if c, err := fsm.DecodeCommand(l.Data); l.Type == raft.LogCommand && err == nil && c.Op == fsm.OpSetFormat {
+			raises++
+		}
+	}
+	if raises != 1 {
+		t.Errorf("%d entries raise the log format, want 1", raises)
+	}
+}
+
+// storedLogs returns the entries n's log store holds, in order.
+func storedLogs(t *testing.T, n *Node) []raft.Log {
+	t.Helper()
 	first, err := n.store.FirstIndex()
 	if err != nil {
 		t.Fatal(err)
@@ -231,17 +239,11 @@ func TestRestartedLeaderDoesNotRaiseAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raises := 0
-	for i := first; i <= last; i++ {
-		var l raft.Log
-		if err := n.store.GetLog(i, &l); err != nil {
+	logs := make([]raft.Log, last-first+1)
+	for i := range logs {
+		if err := n.store.GetLog(first+uint64(i), &logs[i]); err != nil {
 			t.Fatal(err)
 		}
-		if c, err := fsm.DecodeCommand(l.Data); l.Type == raft.LogCommand && err == nil && c.Op == fsm.OpSetFormat {
-			raises++
-		}
 	}
-	if raises != 1 {
-		t.Errorf("%d entries raise the log format, want 1", raises)
-	}
+	return logs
 }

@@ -110,8 +110,7 @@ type Node struct {
 
 	mu    sync.RWMutex // guards state
 	state *fsm.State
-	// format is the state's log format as of its last change, for Apply,
-	// which must not wait for mu while a batch of entries applies.
+	// format is the state's log format as of its last change (Format).
 	format atomic.Int64
 
 	// calls is held for reading from the start of every Raft operation
@@ -274,7 +273,7 @@ func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 		return fsm.Result{}, errClosed
 	}
 	defer n.calls.RUnlock()
-	f := n.raft.Apply(c.EncodeFor(int(n.format.Load())), timeout(ctx, 10*time.Second))
+	f := n.raft.Apply(c.EncodeFor(n.Format()), timeout(ctx, 10*time.Second))
 	if err := f.Error(); err != nil {
 		return fsm.Result{}, raftError(err)
 	}
