@@ -42,6 +42,15 @@ type signer struct {
 	cache map[fence.Token]string  // unsigned token with its lease ID → signature
 }
 
+// signed reports whether the signer has made t's signature with its
+// current key.
+func (sg *signer) signed(t fence.Token) bool {
+	sg.mu.Lock()
+	defer sg.mu.Unlock()
+	_, ok := sg.cache[t]
+	return ok
+}
+
 // signWith returns a func that signs with the Ed25519 key of seed: through
 // crypto/ed25519 when fips is set (GODEBUG=fips140=on asks for the Go
 // Cryptographic Module's algorithms), else through curve25519-voi.

@@ -40,17 +40,12 @@ func (p *presigner) granted(t fence.Token) {
 
 func (p *presigner) run() {
 	defer close(p.done)
-	sg := &p.s.signer
 	for t := range p.ch {
 		if t.Value == 0 || t.Value >= fence.MaxToken {
 			continue
 		}
-		sg.mu.Lock()
-		_, before := sg.cache[fence.Token{Scope: t.Scope, Value: t.Value - 1}]
-		_, made := sg.cache[fence.Token{Scope: t.Scope, Value: t.Value + 1}]
-		sg.mu.Unlock()
-		if before && !made {
-			p.s.sign(fence.Token{Scope: t.Scope, Value: t.Value + 1})
+		if p.s.signer.signed(fence.Token{Scope: t.Scope, Value: t.Value - 1}) {
+			p.s.sign(fence.Token{Scope: t.Scope, Value: t.Value + 1}) // a no-op if already made
 		}
 	}
 }
