@@ -126,7 +126,7 @@ func (l *tcpLayer) probeFormat(addr raft.ServerAddress) (int, error) {
 // Format returns the cluster's log format as this node has applied it. It
 // is safe for concurrent use, and does not wait while a batch of entries
 // applies: Apply reads it for every command it encodes.
-func (n *Node) Format() int { return max(int(n.format.Load()), 1) }
+func (n *Node) Format() int { return int(n.format.Load()) }
 
 // raiseFormat runs while this node leads: until the cluster's log format is
 // this build's, it asks every other member which formats its build knows,

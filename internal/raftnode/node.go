@@ -140,6 +140,7 @@ func Open(cfg Config) (*Node, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
+	n.format.Store(int64(n.state.Format()))
 	n.confirms.run = n.confirmRound
 	logger := newRaftLogger(cfg.Logger, cfg.RaftListen == "")
 
