@@ -17,8 +17,10 @@
 // The workloads are lock-cycle (1, 16 and 64 clients on scopes of their
 // own), contended (64 clients on one scope), renew (confirmed renewals of
 // 10,000 live leases) and guarded-write-STORE (64 clients writing with
-// their token to an HTTP resource on bbolt, SQLite, PostgreSQL or Redis,
-// served once with its guard, signatures verified, and once without). The
+// their token to an HTTP resource on bbolt, SQLite, PostgreSQL with a
+// fence table, PostgreSQL with the token in the written row (postgres-row)
+// or Redis, served once with its guard, signatures verified, and once
+// without). The
 // systems are fence (fenced with its defaults: raft-wal, fsync on, signed
 // tokens), etcd and Redis, and beside fence, never as a goal's side of a
 // ratio, fence-unsigned (--sign-tokens=false), fence-bolt (--raft-log

@@ -122,7 +122,7 @@ func printReport(w io.Writer, rep report) {
 		}
 		server := round(s.ServerCPU)
 		switch storeOf(s.Workload) {
-		case storePostgres:
+		case storePostgres, storePostgresRow:
 			server += " (not PostgreSQL's)"
 		case storeRedis:
 			server += " (not Redis's)"

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // postgres-row's database/sql driver
 	"github.com/redis/go-redis/v9"
 	"go.etcd.io/bbolt"
 	_ "modernc.org/sqlite"
@@ -39,7 +41,10 @@ const (
 	storeBolt     = "bbolt"
 	storeSQLite   = "sqlite"
 	storePostgres = "postgres"
-	storeRedis    = "redis"
+	// storePostgresRow is PostgreSQL with the token in the written row
+	// (sqlguard's UpdateRow) rather than in a fence table.
+	storePostgresRow = "postgres-row"
+	storeRedis       = "redis"
 )
 
 // The guarded write's tables and keys. Each cell drops and makes its
@@ -47,6 +52,7 @@ const (
 // servers are shared with other runs.
 const (
 	dataTable   = "bench_peers_data"
+	rowTable    = "bench_peers_rows"
 	fenceTable  = "bench_peers_fences"
 	redisPrefix = "bench-peers:"
 )
@@ -71,6 +77,11 @@ var dataBucket = []byte("data")
 //   - postgres: an upsert in a transaction through pgx, plain
 //     (pgx.BeginFunc) or under httpguard over pgxguard's Store (BEGIN and
 //     the fence statement in one round trip, then the same upsert).
+//   - postgres-row: an UPDATE of the scope's row in a transaction through
+//     database/sql and pgx's driver, the row inserted first if missing;
+//     plain, or through sqlguard's UpdateRow, whose condition on the row's
+//     own token column rides in the same UPDATE (no fence table). Not
+//     httpguard: UpdateRow fences one named row, which the handler names.
 //   - redis: a SET, plain, or redisguard.Guard's Set (one script: check
 //     the mark, SET, advance the mark), the token read from the request
 //     header. Not httpguard: its Redis store checks and records the mark in
@@ -291,6 +302,9 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 		}
 		return h, closer, nil
 
+	case storePostgresRow:
+		return rowHandler(ctx, keys, pgDSN)
+
 	case storeRedis:
 		ro, err := redis.ParseURL(redisURL)
 		if err != nil {
@@ -336,6 +350,85 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 		}), closer, nil
 	}
 	return nil, nil, fmt.Errorf("no store %q", store)
+}
+
+// rowHandler is the postgres-row store's write handler: each scope's
+// value in a row of its own, which carries the token of its last write
+// when guarded.
+func rowHandler(ctx context.Context, keys *signing.KeySet, pgDSN string) (http.Handler, func(), error) {
+	db, err := sql.Open("pgx", pgDSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	// As many connections as pgxpool gives the postgres store here.
+	db.SetMaxOpenConns(max(4, runtime.NumCPU()))
+	db.SetMaxIdleConns(max(4, runtime.NumCPU()))
+	closer := func() { db.Close() }
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS " + rowTable,
+		"CREATE TABLE " + rowTable + " (k TEXT PRIMARY KEY, v BYTEA NOT NULL, " + sqlguard.DefaultTokenColumn + " BIGINT NOT NULL DEFAULT 0)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			closer()
+			return nil, nil, err
+		}
+	}
+	// A scope's first write finds no row: it is inserted with no token
+	// (0), and the write is made again.
+	insert := "INSERT INTO " + rowTable + " (k, v) VALUES ($1, '') ON CONFLICT (k) DO NOTHING"
+	inTx := func(r *http.Request, update func(tx *sql.Tx) error) error {
+		tx, err := db.BeginTx(r.Context(), nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := update(tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	var s *sqlguard.Store
+	if keys != nil {
+		if s, err = sqlguard.New(db, sqlguard.Postgres, sqlguard.WithVerifier(keys)); err != nil {
+			closer()
+			return nil, nil, err
+		}
+	}
+	update := "UPDATE " + rowTable + " SET v = $1 WHERE k = $2"
+	return write(func(r *http.Request, body []byte) error {
+		scope := r.PathValue("scope")
+		if s == nil {
+			return inTx(r, func(tx *sql.Tx) error {
+				res, err := tx.ExecContext(r.Context(), update, body, scope)
+				if err != nil {
+					return err
+				}
+				if n, err := res.RowsAffected(); err != nil || n == 1 {
+					return err
+				}
+				if _, err := tx.ExecContext(r.Context(), insert, scope); err != nil {
+					return err
+				}
+				_, err = tx.ExecContext(r.Context(), update, body, scope)
+				return err
+			})
+		}
+		tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
+		if err != nil {
+			return badRequest{err}
+		}
+		row := sqlguard.Row{Table: rowTable, Key: "k", ID: scope}
+		set := map[string]any{"v": body}
+		return inTx(r, func(tx *sql.Tx) error {
+			err := s.UpdateRow(r.Context(), tx, scope, guard.Write{Token: tok}, row, set)
+			if errors.Is(err, sqlguard.ErrNoRow) {
+				if _, err = tx.ExecContext(r.Context(), insert, scope); err == nil {
+					err = s.UpdateRow(r.Context(), tx, scope, guard.Write{Token: tok}, row, set)
+				}
+			}
+			return err
+		})
+	}), closer, nil
 }
 
 // badRequest is a write refused for what the request carried.

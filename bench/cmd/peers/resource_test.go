@@ -47,6 +47,13 @@ func TestResourceGuards(t *testing.T) {
 			}
 			return dsn, ""
 		},
+		storePostgresRow: func(t *testing.T) (string, string) {
+			dsn := os.Getenv("FENCE_TEST_POSTGRES")
+			if dsn == "" {
+				skipOrFail(t, "FENCE_TEST_POSTGRES not set (make services)")
+			}
+			return dsn, ""
+		},
 		storeRedis: func(t *testing.T) (string, string) {
 			url := os.Getenv("FENCE_TEST_REDIS")
 			if url == "" {

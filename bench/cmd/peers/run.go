@@ -82,6 +82,7 @@ func allCells() []cell {
 		{guardedWrite(storeBolt), 64, gw},
 		{guardedWrite(storeSQLite), 64, gw},
 		{guardedWrite(storePostgres), 64, gw},
+		{guardedWrite(storePostgresRow), 64, gw},
 		{guardedWrite(storeRedis), 64, gw},
 	}
 }
@@ -151,7 +152,7 @@ func runMain(args []string) error {
 	fs.Int64Var(&cfg.maxOps, "max-ops", 2_000_000, "most operations per cell")
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
-	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, redis (default all)")
+	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis (default all)")
 	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fenced, plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
@@ -225,7 +226,7 @@ func runMain(args []string) error {
 				if len(cfg.systems) > 0 && !slices.Contains(cfg.systems, sys) {
 					continue
 				}
-				if storeOf(c.workload) == storePostgres && cfg.postgres == "" || storeOf(c.workload) == storeRedis && cfg.redis == "" {
+				if (storeOf(c.workload) == storePostgres || storeOf(c.workload) == storePostgresRow) && cfg.postgres == "" || storeOf(c.workload) == storeRedis && cfg.redis == "" {
 					continue
 				}
 				if err := ctx.Err(); err != nil {
