@@ -20,13 +20,12 @@
 // their token to an HTTP resource on bbolt, SQLite, PostgreSQL with a
 // fence table, PostgreSQL with the token in the written row (postgres-row)
 // or Redis, served once with its guard, signatures verified, and once
-// without). The
-// systems are fence (fenced with its defaults: raft-wal, fsync on, signed
-// tokens), etcd and Redis, and beside fence, never as a goal's side of a
-// ratio, fence-unsigned (--sign-tokens=false), fence-bolt (--raft-log
-// bolt) and fence-single (renew one lease per call). The doc comments of
-// fenceSetup, etcdSetup, redisSetup and resourceMain say exactly what each
-// system does.
+// without). The systems are fence (fenced with its defaults: raft-wal,
+// fsync on, signed tokens), etcd and Redis, and beside fence, never as a
+// goal's side of a ratio, fence-unsigned (--sign-tokens=false), fence-bolt
+// (--raft-log bolt) and fence-single (renew one lease per call). The doc
+// comments of fenceSetup, etcdSetup, redisSetup and resourceMain say
+// exactly what each system does.
 //
 // Each cell (workload, concurrency, system) gets fresh servers with empty
 // data directories, is bounded by BENCH_TIME (default 10s) and by -max-ops
