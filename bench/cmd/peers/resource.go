@@ -223,15 +223,10 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 		}
 		if !guarded {
 			return write(func(r *http.Request, body []byte) error {
-				tx, err := db.BeginTx(r.Context(), nil)
-				if err != nil {
+				return inTx(r.Context(), db, func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(r.Context(), upsert, r.PathValue("scope"), body)
 					return err
-				}
-				defer tx.Rollback()
-				if _, err := tx.ExecContext(r.Context(), upsert, r.PathValue("scope"), body); err != nil {
-					return err
-				}
-				return tx.Commit()
+				})
 			}), closer, nil
 		}
 		s, err := sqlguard.New(db, sqlguard.SQLite)
@@ -373,20 +368,6 @@ func rowHandler(ctx context.Context, keys *signing.KeySet, pgDSN string) (http.H
 			return nil, nil, err
 		}
 	}
-	// A scope's first write finds no row: it is inserted with no token
-	// (0), and the write is made again.
-	insert := "INSERT INTO " + rowTable + " (k, v) VALUES ($1, '') ON CONFLICT (k) DO NOTHING"
-	inTx := func(r *http.Request, update func(tx *sql.Tx) error) error {
-		tx, err := db.BeginTx(r.Context(), nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
-		if err := update(tx); err != nil {
-			return err
-		}
-		return tx.Commit()
-	}
 	var s *sqlguard.Store
 	if keys != nil {
 		if s, err = sqlguard.New(db, sqlguard.Postgres, sqlguard.WithVerifier(keys)); err != nil {
@@ -395,40 +376,57 @@ func rowHandler(ctx context.Context, keys *signing.KeySet, pgDSN string) (http.H
 		}
 	}
 	update := "UPDATE " + rowTable + " SET v = $1 WHERE k = $2"
+	insert := "INSERT INTO " + rowTable + " (k, v) VALUES ($1, '') ON CONFLICT (k) DO NOTHING"
 	return write(func(r *http.Request, body []byte) error {
-		scope := r.PathValue("scope")
-		if s == nil {
-			return inTx(r, func(tx *sql.Tx) error {
-				res, err := tx.ExecContext(r.Context(), update, body, scope)
-				if err != nil {
-					return err
-				}
-				if n, err := res.RowsAffected(); err != nil || n == 1 {
-					return err
-				}
-				if _, err := tx.ExecContext(r.Context(), insert, scope); err != nil {
-					return err
-				}
-				_, err = tx.ExecContext(r.Context(), update, body, scope)
+		ctx, scope := r.Context(), r.PathValue("scope")
+		// put writes the scope's row, and returns sqlguard.ErrNoRow if it
+		// has none yet.
+		put := func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, update, body, scope)
+			if err != nil {
 				return err
-			})
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 1 {
+				return err
+			}
+			return sqlguard.ErrNoRow
 		}
-		tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
-		if err != nil {
-			return badRequest{err}
+		if s != nil {
+			tok, err := fence.ParseToken(r.Header.Get(httpguard.TokenHeader))
+			if err != nil {
+				return badRequest{err}
+			}
+			row := sqlguard.Row{Table: rowTable, Key: "k", ID: scope}
+			put = func(tx *sql.Tx) error {
+				return s.UpdateRow(ctx, tx, scope, guard.Write{Token: tok}, row, map[string]any{"v": body})
+			}
 		}
-		row := sqlguard.Row{Table: rowTable, Key: "k", ID: scope}
-		set := map[string]any{"v": body}
-		return inTx(r, func(tx *sql.Tx) error {
-			err := s.UpdateRow(r.Context(), tx, scope, guard.Write{Token: tok}, row, set)
+		// A scope's first write finds no row: it is inserted with no token
+		// (0), and the write is made again.
+		return inTx(ctx, db, func(tx *sql.Tx) error {
+			err := put(tx)
 			if errors.Is(err, sqlguard.ErrNoRow) {
-				if _, err = tx.ExecContext(r.Context(), insert, scope); err == nil {
-					err = s.UpdateRow(r.Context(), tx, scope, guard.Write{Token: tok}, row, set)
+				if _, err = tx.ExecContext(ctx, insert, scope); err == nil {
+					err = put(tx)
 				}
 			}
 			return err
 		})
 	}), closer, nil
+}
+
+// inTx runs fn in a transaction of db and commits it, or rolls it back if
+// fn fails.
+func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // badRequest is a write refused for what the request carried.
