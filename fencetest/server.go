@@ -62,6 +62,14 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *server.Config
 // unsigned, so examples can print them.
 func WithSigning() Option { return optionFunc(func(c *server.Config) { c.SignTokens = true }) }
 
+// WithClockFloor makes the server's tokens start above its wall clock in
+// microseconds, as fenced's do, where without it they count from 1 so that
+// examples can print them. fenced sets that floor at every start, so that
+// a data directory restored from a backup, or one that lost the end of its
+// log, still grants tokens above every one it issued before; a fencetest
+// server's data directory lives and dies with it.
+func WithClockFloor() Option { return optionFunc(func(c *server.Config) { c.NoClockFloor = false }) }
+
 // WithKeyPublishDelay sets how long a key added by RotateSigningKey is
 // published before it signs (default 5m, as fenced's --key-publish-delay);
 // 0 makes a new key sign at once.
@@ -90,6 +98,7 @@ func NewServer(opts ...Option) *Server {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.SignTokens = false
+	cfg.NoClockFloor = true
 	for _, o := range opts {
 		o.apply(&cfg)
 	}

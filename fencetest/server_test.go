@@ -182,3 +182,20 @@ func TestClientAfterClose(t *testing.T) {
 		t.Errorf("Get from a closed server = %v, want fence.ErrUnavailable", err)
 	}
 }
+
+// TestWithClockFloor: with the option, the first token is above the wall
+// clock in microseconds when the server started, as fenced's first is.
+func TestWithClockFloor(t *testing.T) {
+	before := uint64(time.Now().UnixMicro())
+	srv := NewServer(WithClockFloor())
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	l, err := c.Acquire(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Token().Value; got <= before {
+		t.Fatalf("first token %d, want above the clock floor %d", got, before)
+	}
+}

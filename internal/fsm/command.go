@@ -30,7 +30,9 @@ const (
 	// granted meanwhile, it releases that grant.
 	OpCancel Op = "cancel"
 	// OpPromote marks a new leader taking office: it drops every waiter,
-	// whose callers were attached to the previous leader.
+	// whose callers were attached to the previous leader. From log format
+	// 7 on it also raises every scope's counter to at least Token, the
+	// token floor the leader chose (see FloorFormat).
 	OpPromote Op = "promote"
 	// OpSetNode records the API address of node Node as Addr.
 	OpSetNode Op = "set_node"
@@ -67,11 +69,12 @@ const (
 //   - 4: OpAddKey's ActivateAt: a new key is published before it signs.
 //   - 5: an OpBatch may carry waiting acquires.
 //   - 6: entries may be protobuf (BinaryFormat).
+//   - 7: OpPromote raises every scope's counter to its Token (FloorFormat).
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 6
+const LogFormat = 7
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -106,6 +109,16 @@ const WaitBatchFormat = 5
 // as it would if it ignored the field; so the leader writes it only once
 // the format is raised.
 const KeyScheduleFormat = 4
+
+// FloorFormat is the first log format whose OpPromote raises every
+// scope's counter, and the floor of dropped scopes, to at least the
+// promote's Token. The leader puts its wall clock there, in microseconds:
+// a node that lost the end of its log (a corrupt or truncated file, a
+// restored backup, a wiped data directory) takes office after every
+// token it could have issued, so its next tokens are above them all
+// (docs/design.md, "The token floor"). Below it the Token is ignored, as
+// the builds before it did.
+const FloorFormat = 7
 
 // MaxKeyDelay bounds how long after At an OpAddKey's key may start to sign.
 const MaxKeyDelay = 366 * 24 * time.Hour
@@ -202,6 +215,9 @@ func (c Command) Validate() error {
 		}
 		return nil
 	case OpPromote:
+		if c.Token >= fence.MaxToken {
+			return &fence.InvalidError{Field: "token", Reason: fmt.Sprintf("a token floor of %d leaves no token to grant; want below %d", c.Token, uint64(fence.MaxToken))}
+		}
 		return nil
 	case OpSetNode:
 		if err := ValidateNodeID(c.Node); err != nil {

@@ -241,3 +241,69 @@ func TestDecodeCommandUnknownEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestPromoteRaisesTokenFloor: from FloorFormat on, a promote lifts the
+// next token of every scope (held, idle, dropped or never seen) above its
+// token floor, and a held lease keeps its token; below it the floor is
+// ignored, as the builds before it ignored it, so replicas agree. A
+// snapshot carries the raised counters.
+func TestPromoteRaisesTokenFloor(t *testing.T) {
+	const floor = 1_000_000
+	grant := func(t *testing.T, s *State, scope string, b byte) Result {
+		t.Helper()
+		r := s.Apply(Command{Op: OpAcquire, Scope: scope, LeaseID: fence.LeaseID{0: b}, TTL: time.Second})
+		if r.Outcome != Granted {
+			t.Fatalf("acquire %s: %v", scope, r.Outcome)
+		}
+		return r
+	}
+	setup := func(t *testing.T, format int) *State {
+		s := New()
+		s.keepIdle = 1
+		s.Apply(Command{Op: OpSetFormat, Format: format})
+		held := grant(t, s, "held", 1)
+		for i, name := range []string{"dropped", "idle"} {
+			r := grant(t, s, name, byte(2+i))
+			s.Apply(Command{Op: OpRelease, Scope: name, LeaseID: r.Lease.ID})
+		}
+		if s.Records() != 2 {
+			t.Fatalf("%d records, want held and idle (dropped forgotten)", s.Records())
+		}
+		s.Apply(Command{Op: OpPromote, Token: floor, At: 1})
+		if got := s.Get("held"); got.Lease == nil || got.Lease.Token != held.Lease.Token {
+			t.Fatalf("the held lease after promote: %+v, want token %d kept", got.Lease, held.Lease.Token)
+		}
+		return s
+	}
+	t.Run("format 7", func(t *testing.T) {
+		s := setup(t, FloorFormat)
+		s.Apply(Command{Op: OpRelease, Scope: "held", LeaseID: fence.LeaseID{0: 1}})
+		restored, err := Restore(s.Snapshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range []*State{s, restored} {
+			for i, name := range []string{"held", "idle", "dropped", "new"} {
+				if r := grant(t, st, name, byte(10+i)); r.Lease.Token != floor+1 {
+					t.Errorf("%s after a promote with floor %d: token %d, want %d", name, floor, r.Lease.Token, floor+1)
+				}
+			}
+		}
+	})
+	t.Run("format 6 ignores it", func(t *testing.T) {
+		s := setup(t, FloorFormat-1)
+		if r := grant(t, s, "idle", 10); r.Lease.Token != 2 {
+			t.Errorf("under format %d a promote's floor moved a token to %d, want 2", FloorFormat-1, r.Lease.Token)
+		}
+	})
+	t.Run("a floor with no token left is refused", func(t *testing.T) {
+		s := New()
+		s.Apply(Command{Op: OpSetFormat, Format: FloorFormat})
+		if r := s.Apply(Command{Op: OpPromote, Token: fence.MaxToken}); r.Outcome != Invalid {
+			t.Fatalf("promote with floor MaxToken: %v, want Invalid", r.Outcome)
+		}
+		if r := grant(t, s, "a", 1); r.Lease.Token != 1 {
+			t.Errorf("after a refused promote the first token is %d, want 1", r.Lease.Token)
+		}
+	})
+}

@@ -145,7 +145,7 @@ func (m *model) applyOne(c Command) view {
 	case OpCancel:
 		v = m.cancel(c.Scope, c.LeaseID)
 	case OpPromote:
-		return m.promote()
+		return m.promote(c.Token)
 	}
 	v.Scope = c.Scope
 	return v
@@ -277,10 +277,17 @@ func (m *model) cancel(name string, id fence.LeaseID) view {
 	return view{Outcome: NoOp}
 }
 
-func (m *model) promote() view {
+// promote drops every queue and, from FloorFormat on, raises every
+// counter and the floor to the promote's token floor.
+func (m *model) promote(floor uint64) view {
 	v := view{Outcome: NoOp}
+	if m.format < FloorFormat {
+		floor = 0
+	}
+	m.floor = max(m.floor, floor)
 	names := make([]string, 0, len(m.scopes))
-	for name := range m.scopes {
+	for name, ms := range m.scopes {
+		ms.last = max(ms.last, floor)
 		names = append(names, name)
 	}
 	slices.Sort(names)
@@ -393,7 +400,8 @@ func (r *run) drawCommand(t *rapid.T) Command {
 		if rapid.IntRange(0, 3).Draw(t, "set format") == 0 {
 			return Command{Op: OpSetFormat, Format: rapid.IntRange(1, LogFormat).Draw(t, "format")}
 		}
-		return Command{Op: OpPromote}
+		// A token floor near the tokens the run issues, or none.
+		return Command{Op: OpPromote, Token: rapid.SampledFrom([]uint64{0, 0, 3, 20, 1 << 40}).Draw(t, "token floor")}
 	default:
 		return rapid.SampledFrom([]Command{
 			{Op: OpAcquire, Scope: name + "/", LeaseID: r.newID(), TTL: time.Second},
@@ -403,6 +411,7 @@ func (r *run) drawCommand(t *rapid.T) Command {
 			{Op: OpRelease, Scope: name},
 			{Op: OpExpire, Scope: name},
 			{Op: OpExpireMany},
+			{Op: OpPromote, Token: fence.MaxToken},
 			{Op: OpExpireMany, Expiries: []Expiry{{Scope: name, Token: 1}, {Scope: name}}},
 			{Op: "renew", Scope: name},
 		}).Draw(t, "invalid")
@@ -426,7 +435,7 @@ func (r *run) step(t *rapid.T, i int, c Command) {
 	if diff := diffResults(twin, got); diff != "" {
 		t.Fatalf("step %d: %+v: the restored state answers differently (-twin +state):\n%s", i, c, diff)
 	}
-	if len(got.Events) == 0 && got.Outcome != Queued && c.Op != OpSetFormat && !bytes.Equal(before, r.s.Snapshot()) {
+	if len(got.Events) == 0 && got.Outcome != Queued && c.Op != OpSetFormat && c.Op != OpPromote && !bytes.Equal(before, r.s.Snapshot()) {
 		t.Fatalf("step %d: %+v: %v with no event changed the state", i, c, got.Outcome)
 	}
 	// Invariant 3: renew (check) and release succeed only for the

@@ -198,7 +198,8 @@ type State struct {
 	scopes map[string]*scope
 	// floor is at least every token of every scope whose record was
 	// dropped, so a scope created anew starts above it: its tokens stay
-	// above every token the scope had before it was forgotten.
+	// above every token the scope had before it was forgotten. From
+	// FloorFormat on it is also at least the last promote's token floor.
 	floor uint64
 	// idle orders the idle records, oldest first, by the place each
 	// scope took in the line when it became idle (scopeMore.idle); idleSeq
@@ -380,7 +381,7 @@ func (s *State) apply(c Command) Result {
 	case OpSetFormat:
 		return s.setFormat(c)
 	default: // OpPromote
-		return s.promote()
+		return s.promote(c)
 	}
 }
 
@@ -584,12 +585,20 @@ func (s *State) setFormat(c Command) Result {
 	return Result{Outcome: NoOp}
 }
 
-func (s *State) promote() Result {
+func (s *State) promote(c Command) Result {
 	r := Result{Outcome: NoOp}
+	floor := uint64(0)
+	if s.Format() >= FloorFormat {
+		floor = c.Token
+		s.floor = max(s.floor, floor)
+	}
 	// Only the scopes with waiters are sorted, for the events' order: a
 	// new leader takes office with up to a million held scopes.
 	var names []string
 	for name, sc := range s.scopes {
+		// A held scope keeps its lease and token; its next grant comes
+		// after the floor.
+		sc.last = max(sc.last, floor)
 		if len(sc.waiters()) > 0 {
 			names = append(names, name)
 		}

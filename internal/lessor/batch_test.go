@@ -2,6 +2,7 @@ package lessor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,11 @@ func (r *recorder) Apply(_ context.Context, c fsm.Command) (fsm.Result, error) {
 }
 
 func (r *recorder) Barrier(context.Context) error { return nil }
+
+// RaiseFormat leaves the format the test chose.
+func (r *recorder) RaiseFormat(context.Context) error {
+	return errors.New("recorder: the test sets the format")
+}
 
 // TestBatchFollowsTheLogFormat: the lessor proposes a batch as one log
 // entry only once the cluster's log format has batches; below, a member of

@@ -42,6 +42,9 @@ type Node interface {
 	Apply(ctx context.Context, c fsm.Command) (fsm.Result, error)
 	// Barrier returns once every entry committed before it is applied.
 	Barrier(ctx context.Context) error
+	// RaiseFormat raises the cluster's log format to the highest this
+	// build knows, if every member knows it; an error says why it did not.
+	RaiseFormat(ctx context.Context) error
 }
 
 // Config configures a Lessor.
@@ -57,6 +60,14 @@ type Config struct {
 	// batch): an error refuses it, a limit reached; the acquire is then
 	// not proposed. Done is called once the acquire is answered.
 	Admit func(c fsm.Command) (done func(), err error)
+	// TokenFloor is a token floor the operator asks for: every token
+	// granted after this node takes office is above it (and above the
+	// wall clock in microseconds, the floor every new leader sets).
+	TokenFloor uint64
+	// NoClockFloor leaves the wall clock out of the floor, so that a
+	// service whose data lives only as long as its process (fencetest)
+	// grants 1, 2, 3...
+	NoClockFloor bool
 }
 
 // Lessor is the leader's lease lifecycle on one node. Its methods are safe
@@ -177,13 +188,32 @@ func (l *Lessor) takeOffice(ctx context.Context) error {
 	if err := node.Barrier(bctx); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
-	held := 0
+	// The token floor needs the log format that knows it. A lone node,
+	// or a cluster whose members all run this build, raises it here, so
+	// that this term's first grant already comes after the floor; a member
+	// that runs an older build leaves it to the raise that keeps trying.
+	fctx, fcancel := context.WithTimeout(bctx, 10*time.Second)
+	if err := node.RaiseFormat(fctx); err != nil {
+		l.cfg.Logger.Debug("taking office under the older log format", "err", err)
+	}
+	fcancel()
+	held, format := 0, 0
 	node.Read(func(st *fsm.State) {
-		held = st.HeldCount()
+		held, format = st.HeldCount(), st.Format()
 		l.deadlines.reset(held, st.Leases(), time.Now())
 	})
-	if _, err := node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: time.Now().UnixNano()}); err != nil {
+	now := time.Now()
+	floor := l.cfg.TokenFloor
+	if !l.cfg.NoClockFloor {
+		floor = max(floor, uint64(max(now.UnixMicro(), 0)))
+	}
+	if _, err := node.Apply(bctx, fsm.Command{Op: fsm.OpPromote, At: now.UnixNano(), Token: floor}); err != nil {
 		return fmt.Errorf("promote: %w", err)
+	}
+	if format < fsm.FloorFormat {
+		l.cfg.Logger.Warn("taking office without a token floor: a member runs a build older than log format 7, so a node that lost the end of its log could issue its tokens again; upgrade every node",
+			"log_format", format)
+		floor = 0
 	}
 	if l.cfg.TakeOffice != nil {
 		if err := l.cfg.TakeOffice(bctx); err != nil {
@@ -200,7 +230,7 @@ func (l *Lessor) takeOffice(ctx context.Context) error {
 	}
 	l.joins.enter()
 	l.ready.Store(true)
-	l.cfg.Logger.Info("leader ready", "held_leases", held)
+	l.cfg.Logger.Info("leader ready", "held_leases", held, "token_floor", floor)
 	return nil
 }
 

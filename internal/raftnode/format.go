@@ -145,34 +145,45 @@ func (n *Node) raiseFormat(ctx context.Context) {
 		}
 	}
 	for {
-		if n.Format() >= fsm.LogFormat {
+		err := n.RaiseFormat(ctx)
+		if err == nil {
 			return
 		}
-		behind, err := n.membersBehind()
-		switch {
-		case err != nil:
-			n.cfg.Logger.Warn("cannot raise the log format yet", "err", err)
-		case behind != "":
-			n.cfg.Logger.Warn("not raising the log format: a member runs an older build", "member", behind,
-				"log_format", n.Format(), "this_build", fsm.LogFormat)
-		default:
-			r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetFormat, Format: fsm.LogFormat})
-			if err == nil && r.Outcome == fsm.Invalid {
-				err = r.Err
-			}
-			if err == nil {
-				n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
-				continue
-			}
-			if errors.Is(err, errClosed) || ctx.Err() != nil {
-				return // closing, or no longer leader: nothing went wrong
-			}
-			n.cfg.Logger.Warn("raising the log format", "err", err)
+		if errors.Is(err, errClosed) || ctx.Err() != nil {
+			return // closing, or no longer leader: nothing went wrong
 		}
+		n.cfg.Logger.Warn("cannot raise the log format yet", "err", err, "log_format", n.Format(), "this_build", fsm.LogFormat)
 		if !pause(ctx) {
 			return
 		}
 	}
+}
+
+// RaiseFormat raises the cluster's log format to this build's, once every
+// member says that its build knows it; it returns nil at once if the
+// format is raised already. The caller must have applied the whole log
+// (a Barrier), or it may raise the format a second time. It is safe for
+// concurrent use.
+func (n *Node) RaiseFormat(ctx context.Context) error {
+	if n.Format() >= fsm.LogFormat {
+		return nil
+	}
+	behind, err := n.membersBehind()
+	if err != nil {
+		return err
+	}
+	if behind != "" {
+		return fmt.Errorf("member %s runs a build older than log format %d", behind, fsm.LogFormat)
+	}
+	r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetFormat, Format: fsm.LogFormat, At: time.Now().UnixNano()})
+	if err == nil && r.Outcome == fsm.Invalid {
+		err = r.Err
+	}
+	if err != nil {
+		return fmt.Errorf("raise the log format: %w", err)
+	}
+	n.cfg.Logger.Info("raised the cluster's log format", "log_format", fsm.LogFormat)
+	return nil
 }
 
 // pause waits probeInterval, and reports false if ctx ends first.

@@ -20,7 +20,7 @@ import (
 // in the request's order, as the single call would answer it: a refused
 // item (held, malformed, waiting) leaves the others granted or released.
 func TestAcquireAndReleaseBatch(t *testing.T) {
-	s := startWith(t, func(*Config) {})
+	s := startWith(t, func(c *Config) { c.NoClockFloor = true })
 	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
 	ctx := context.Background()
 	minute := durationpb.New(time.Minute)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/raftnode"
 )
@@ -87,6 +88,16 @@ type Config struct {
 	WriteTimeout time.Duration
 	// TLS secures the API (and the calls nodes make to each other's API).
 	TLS TLS
+	// TokenFloor, when set, is a token every token granted after this
+	// node takes office is above, for the operator who knows a higher
+	// token than the wall clock gives (see docs/operations.md). Without
+	// it a new leader's floor is its wall clock in microseconds.
+	TokenFloor uint64
+	// NoClockFloor leaves the wall clock out of a new leader's token
+	// floor, so tokens count 1, 2, 3... It is for a server whose data
+	// directory lives and dies with its process (fencetest): anywhere
+	// else a lost or restored data directory could issue a token again.
+	NoClockFloor bool
 	// AuthFile, when set, turns authentication and authorization on: the
 	// identities, bearer tokens and rules of an Auth, in JSON.
 	AuthFile string
@@ -143,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.RaftSegmentSize != 0 && (c.RaftSegmentSize < 64<<10 || c.RaftSegmentSize > 1<<30) {
 		return fmt.Errorf("raft segment size %d bytes: want 65536 (64 KiB) to 1073741824 (1 GiB)", c.RaftSegmentSize)
+	}
+	if c.TokenFloor >= fence.MaxToken {
+		return fmt.Errorf("token floor %d leaves no token to grant; want below %d", c.TokenFloor, uint64(fence.MaxToken))
 	}
 	if c.MaxWaiters < 0 {
 		return fmt.Errorf("max waiters %d is negative", c.MaxWaiters)

@@ -35,6 +35,9 @@ func nodeConfig(id string, join ...string) server.Config {
 	// move the leadership under the tests' feet.
 	cfg.ElectionTimeout = 2 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Tokens count from 1, so tests and pages can name them; the floor is
+	// TestTokenFloor's.
+	cfg.NoClockFloor = true
 	return cfg
 }
 

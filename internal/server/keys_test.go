@@ -31,6 +31,7 @@ func startSigner(t *testing.T, id string, delay time.Duration, join ...string) *
 	cfg.Bootstrap, cfg.Join = len(join) == 0, join
 	cfg.ElectionTimeout = 2 * time.Second // a loaded machine must not move the leadership
 	cfg.KeyPublishDelay = delay
+	cfg.NoClockFloor = true // tokens count from 1 (TestTokenFloor has the floor)
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	s, err := Start(cfg)
 	if err != nil {

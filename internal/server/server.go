@@ -106,7 +106,7 @@ func Start(cfg Config) (*Server, error) {
 	s.peers = &http.Client{Transport: peerTransport}
 	s.proxy = s.newProxy(peerTransport)
 	s.metrics = newMetrics(s)
-	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued,
+	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued, TokenFloor: cfg.TokenFloor, NoClockFloor: cfg.NoClockFloor,
 		Admit: func(c fsm.Command) (func(), error) {
 			return s.owners.Admit(c, cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
 		}})
