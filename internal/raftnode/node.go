@@ -99,6 +99,7 @@ type Node struct {
 	cfg   Config
 	raft  *raft.Raft
 	store logStore
+	lock  *os.File // the data directory's LOCK, held while the node runs
 	// logKind is LogWAL or LogBolt, the store's kind.
 	logKind string
 	snaps   raft.SnapshotStore
@@ -139,19 +140,25 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{})}
+	lock, err := lockDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{}), lock: lock}
 	n.format.Store(int64(n.state.Format()))
 	n.confirms.run = n.confirmRound
 	logger := newRaftLogger(cfg.Logger, cfg.RaftListen == "")
 
 	store, kind, err := openLog(cfg.DataDir, cfg.LogStore, cfg.SegmentSize)
 	if err != nil {
+		n.unlock()
 		return nil, err
 	}
 	n.store, n.logKind = store, kind
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, logger)
 	if err != nil {
 		store.Close()
+		n.unlock()
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
 	n.snaps = snaps
@@ -186,6 +193,7 @@ func Open(cfg Config) (*Node, error) {
 		layer, err := listen(cfg.RaftListen, cmp.Or(cfg.RaftAdvertise, cfg.RaftListen), cfg.TLS)
 		if err != nil {
 			store.Close()
+			n.unlock()
 			return nil, err
 		}
 		t := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
@@ -196,6 +204,7 @@ func Open(cfg Config) (*Node, error) {
 	fail := func(err error) (*Node, error) {
 		n.trans.Close()
 		store.Close()
+		n.unlock()
 		return nil, err
 	}
 	existing, err := raft.HasExistingState(store, store, snaps)
@@ -344,7 +353,31 @@ func (n *Node) Close() error {
 	if t, ok := n.trans.(interface{ CloseStreams() }); ok {
 		t.CloseStreams()
 	}
-	return errors.Join(err, n.store.Close())
+	err = errors.Join(err, n.store.Close())
+	n.unlock()
+	return err
+}
+
+// unlock lets another process open the data directory.
+func (n *Node) unlock() {
+	if n.lock != nil {
+		n.lock.Close()
+	}
+}
+
+// InUseError reports a data directory another process holds: two nodes
+// on one directory would write one log from two places.
+type InUseError struct {
+	Dir string
+	PID int // 0 if unknown
+}
+
+func (e *InUseError) Error() string {
+	who := "another process"
+	if e.PID != 0 {
+		who = fmt.Sprintf("process %d", e.PID)
+	}
+	return fmt.Sprintf("data dir %s is in use by %s: stop it, or give this node a --data-dir of its own", e.Dir, who)
 }
 
 func raftError(err error) error {
