@@ -100,6 +100,7 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	fs.DurationVar(&cfg.KeyGrace, "key-grace", cfg.KeyGrace, "how long tokens signed by a rotated-out key keep verifying")
 	fs.DurationVar(&cfg.KeyPublishDelay, "key-publish-delay", cfg.KeyPublishDelay, "how long a rotated-in key is published at /keys before it signs; keep it above the guards' key refresh interval (0: it signs at once)")
 	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (e.g. 448MiB, 2GiB, or off): the collector works harder near it; a held lease costs about 340 bytes (default 448MiB, or 90% of the cgroup's memory limit if lower; GOMEMLIMIT, when set, instead)")
+	fs.Uint64Var(&cfg.MinFreeSpace, "min-free-space", 0, "bytes the data directory's disk keeps free: below it the leader refuses new grants (unavailable) and /readyz answers 503, before a full disk stops the node (0: twice --raft-segment-size, or 64 MiB with --raft-log bolt)")
 	fs.Uint64Var(&cfg.TokenFloor, "token-floor", 0, "every token granted after this node takes office is above this one (default: the wall clock in microseconds, which a new leader always sets); for a restore onto a machine whose clock is behind the old one's")
 	format := fs.String("log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug (shows renewals), info, warn or error")

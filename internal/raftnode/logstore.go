@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -94,3 +95,65 @@ func openLog(dir, kind string, segmentSize int) (logStore, string, error) {
 	}
 	return w, kind, nil
 }
+
+// haltingStore stops the process at the first write of the log or of the
+// stable store that fails. Raft would go on: a leader steps down and its
+// successor retries, for ever, on a raft-wal whose segment rotation failed
+// (a full disk) and left its tail sealed; a snapshot taken meanwhile
+// records that broken tail, and no restart recovers. Stopped at once, the
+// node restarts cleanly under its supervisor once the disk has room, and
+// its callers fail over at once rather than read "segment is sealed".
+type haltingStore struct {
+	logStore
+	dir string
+	log *slog.Logger
+}
+
+func (s *haltingStore) StoreLog(l *raft.Log) error {
+	s.check("append to the Raft log", s.logStore.StoreLog(l))
+	return nil
+}
+
+func (s *haltingStore) StoreLogs(ls []*raft.Log) error {
+	s.check("append to the Raft log", s.logStore.StoreLogs(ls))
+	return nil
+}
+
+func (s *haltingStore) Set(k, v []byte) error {
+	s.check("write the Raft stable store", s.logStore.Set(k, v))
+	return nil
+}
+
+func (s *haltingStore) SetUint64(k []byte, v uint64) error {
+	s.check("write the Raft stable store", s.logStore.SetUint64(k, v))
+	return nil
+}
+
+func (s *haltingStore) check(what string, err error) {
+	if err == nil {
+		return
+	}
+	e := &StorageError{Dir: s.dir, Op: what, Err: err}
+	if free, err := freeSpace(s.dir); err == nil {
+		e.Free = free
+	}
+	s.log.Error("stopping: cannot write the data directory", "err", e)
+	panic(e)
+}
+
+// StorageError is what a node panics with when it cannot write its log or
+// stable store: a full disk, or a failing one.
+type StorageError struct {
+	Dir  string
+	Op   string
+	Err  error
+	Free uint64 // bytes free on the disk when it failed
+}
+
+func (e *StorageError) Error() string {
+	return fmt.Sprintf("raftnode: cannot %s in %s (%v; %d bytes free); stopped before anything else is written. "+
+		"If the disk is full, free space (or grow it) and start fenced again: it recovers from what it wrote. "+
+		"If the disk fails, replace this node (docs/operations.md)", e.Op, e.Dir, e.Err, e.Free)
+}
+
+func (e *StorageError) Unwrap() error { return e.Err }

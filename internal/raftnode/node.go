@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/internal/fsm"
@@ -149,11 +150,12 @@ func Open(cfg Config) (*Node, error) {
 	n.confirms.run = n.confirmRound
 	logger := newRaftLogger(cfg.Logger, cfg.RaftListen == "")
 
-	store, kind, err := openLog(cfg.DataDir, cfg.LogStore, cfg.SegmentSize)
+	opened, kind, err := openLog(cfg.DataDir, cfg.LogStore, cfg.SegmentSize)
 	if err != nil {
 		n.unlock()
 		return nil, err
 	}
+	store := &haltingStore{logStore: opened, dir: cfg.DataDir, log: cfg.Logger}
 	n.store, n.logKind = store, kind
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, logger)
 	if err != nil {
@@ -474,3 +476,16 @@ func (s snapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (snapshot) Release() {}
+
+// FreeSpace returns the bytes still free on the data directory's file
+// system. It is safe for concurrent use.
+func (n *Node) FreeSpace() (uint64, error) { return freeSpace(n.cfg.DataDir) }
+
+// SegmentSize returns the size of a raft-wal segment file, which the log
+// takes whole when it rolls over to a new one (zero for raft-boltdb).
+func (n *Node) SegmentSize() int {
+	if n.logKind != LogWAL {
+		return 0
+	}
+	return cmp.Or(n.cfg.SegmentSize, wal.DefaultSegmentSize)
+}

@@ -88,6 +88,12 @@ type Config struct {
 	WriteTimeout time.Duration
 	// TLS secures the API (and the calls nodes make to each other's API).
 	TLS TLS
+	// MinFreeSpace is how many bytes the data directory's disk keeps
+	// free: below it the leader refuses new grants (Unavailable) and the
+	// node is not ready, before a write of the log finds the disk full
+	// and stops the node. 0 means twice the raft-wal segment size (or 64
+	// MiB with raft-boltdb).
+	MinFreeSpace uint64
 	// TokenFloor, when set, is a token every token granted after this
 	// node takes office is above, for the operator who knows a higher
 	// token than the wall clock gives (see docs/operations.md). Without

@@ -30,6 +30,9 @@ func (s *Server) serveReadyz(w http.ResponseWriter, r *http.Request) {
 // readiness says whether this node is ready and why, for people.
 func (s *Server) readiness() (bool, string) {
 	st := s.node.Stats()
+	if err := s.disk.err(); err != nil {
+		return false, "not ready: " + err.Error()
+	}
 	switch {
 	case s.lessor.Ready():
 		return true, fmt.Sprintf("ready: leader %s in term %d", s.cfg.NodeID, st.Term)

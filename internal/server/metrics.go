@@ -102,7 +102,12 @@ func newMetrics(s *Server) *metrics {
 		Name: "fence_ready",
 		Help: "1 when this node is the leader and serving, else 0.",
 	}, func() float64 { return bool01(s.lessor.Ready()) })
+	free := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fence_data_dir_free_bytes",
+		Help: "Bytes free on the data directory's disk; below --min-free-space the leader refuses new grants and /readyz answers 503.",
+	}, func() float64 { return s.disk.freeBytes() })
 	m.reg.MustRegister(
+		free,
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,
 		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, m.connsRefused, held, records, ready,

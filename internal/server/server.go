@@ -45,6 +45,7 @@ type Server struct {
 	log      *slog.Logger
 	node     *raftnode.Node
 	lessor   *lessor.Lessor
+	disk     *diskSpace     // refuses grants before the data directory's disk is full
 	metrics  *metrics       // metrics.go
 	events   *eventlog.Ring // recent lease events, for watchers
 	lines    *eventLines    // the lease events' log lines
@@ -108,6 +109,9 @@ func Start(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.lessor = lessor.New(lessor.Config{Logger: cfg.Logger, TakeOffice: s.takeOffice, Queued: s.metrics.queued, TokenFloor: cfg.TokenFloor, NoClockFloor: cfg.NoClockFloor,
 		Admit: func(c fsm.Command) (func(), error) {
+			if err := s.disk.err(); err != nil {
+				return nil, err
+			}
 			return s.owners.Admit(c, cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
 		}})
 	s.events = eventlog.NewRing(eventlog.RingSize)
@@ -156,6 +160,8 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.node = node
+	s.disk = &diskSpace{free: node.FreeSpace, dir: cfg.DataDir, log: s.log,
+		min: cmp.Or(cfg.MinFreeSpace, 2*uint64(node.SegmentSize()), 64<<20)}
 	s.lessor.Open(node)
 	s.status = status.New(status.Config{
 		NodeID: cfg.NodeID, Logger: cfg.Logger, Node: node, Lessor: s.lessor,
