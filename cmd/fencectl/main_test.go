@@ -120,6 +120,21 @@ func startFenced(t *testing.T, extra ...string) *fenced {
 	}
 }
 
+// floor returns the token floor s took office with: the last token of a
+// scope nothing ever used. Every start of fenced raises every scope's
+// counter to at least its wall clock in microseconds, so while s stays
+// leader a scope's first grant has token floor+1, its next floor+2, and
+// so on.
+func (s *fenced) floor(t *testing.T) uint64 {
+	t.Helper()
+	var st getOutput
+	s.wantJSON(t, 0, &st, "get", "never-used")
+	if st.Held {
+		t.Fatalf("the never used scope is held: %+v", st)
+	}
+	return st.LastToken
+}
+
 // freeAddr returns a loopback address nothing listens on: free to listen
 // on, and refusing connections until something does.
 func freeAddr(t *testing.T) string {
@@ -488,14 +503,15 @@ func TestExecEnvironment(t *testing.T) {
 func TestExecExitStatus(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
+	floor := s.floor(t)
 	s.want(t, 7, "exec", "st", "--", "sh", "-c", "exit 7")
 	s.want(t, 128+int(syscall.SIGTERM), "exec", "st", "--", "sh", "-c", "kill -TERM $$")
 	r := s.want(t, 127, "exec", "st", "--", "/nonexistent/command")
 	wantStderr(t, r, "/nonexistent/command")
 	var st getOutput
 	s.wantJSON(t, 0, &st, "get", "st")
-	if st.Held || st.LastToken != 3 {
-		t.Errorf("after three execs: %+v; want free with last token 3", st)
+	if st.Held || st.LastToken != floor+3 {
+		t.Errorf("after three execs: %+v; want free with last token %d (the floor %d, plus 3)", st, floor+3, floor)
 	}
 
 	s.want(t, 0, "acquire", "st", "--holder", "other")
@@ -625,6 +641,7 @@ func TestExecLeaseLost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := startFenced(t)
+			floor := s.floor(t)
 			cmd, stderr, done, pid := s.startExec(t,
 				[]string{"exec", "lost", "--holder", "x", "--ttl", "1s", "--grace", "300ms"}, tc.body)
 
@@ -640,7 +657,7 @@ func TestExecLeaseLost(t *testing.T) {
 			if code := cmd.ProcessState.ExitCode(); code != exitLeaseLost {
 				t.Errorf("exit status %d, want %d (lease lost)\nstderr: %s", code, exitLeaseLost, stderr)
 			}
-			wantStderr(t, result{stderr: stderr.String()}, `lease on "lost" with token 1 is lost`, tc.stopped)
+			wantStderr(t, result{stderr: stderr.String()}, fmt.Sprintf(`lease on "lost" with token %d is lost`, floor+1), tc.stopped)
 			if !gone(pid) {
 				t.Errorf("the command, pid %d, is still running", pid)
 			}
@@ -650,8 +667,8 @@ func TestExecLeaseLost(t *testing.T) {
 
 			var next leaseOutput
 			s.wantJSON(t, 0, &next, "acquire", "lost", "--holder", "y", "--wait", "--timeout", "5s")
-			if next.Token <= 1 {
-				t.Errorf("the next grant has token %d", next.Token)
+			if next.Token <= floor+1 {
+				t.Errorf("the next grant has token %d, not greater than the lost lease's %d", next.Token, floor+1)
 			}
 		})
 	}
@@ -662,6 +679,7 @@ func TestExecLeaseLost(t *testing.T) {
 func TestExecForwardsSignals(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
+	floor := s.floor(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		scope := "fwd-" + strconv.Itoa(int(sig))
 		cmd, stderr, done, pid := s.startExec(t, []string{"exec", scope}, "exec sleep 60")
@@ -677,8 +695,8 @@ func TestExecForwardsSignals(t *testing.T) {
 		}
 		var st getOutput
 		s.wantJSON(t, 0, &st, "get", scope)
-		if st.Held || st.LastToken != 1 {
-			t.Errorf("%v: after exec: %+v; want released", sig, st)
+		if st.Held || st.LastToken != floor+1 {
+			t.Errorf("%v: after exec: %+v; want released, with last token %d (the floor %d, plus 1)", sig, st, floor+1, floor)
 		}
 	}
 }
@@ -688,6 +706,7 @@ func TestExecForwardsSignals(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
+	floor := s.floor(t)
 	zero := strings.Repeat("0", 32)
 	for _, tc := range []struct {
 		args   []string
@@ -756,11 +775,12 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("malformed lease error object: %+v", e)
 	}
 
-	// None of it reached the state: x was never granted.
+	// None of it reached the state: x was never granted, so its last
+	// token is the floor, like any scope never used.
 	var st getOutput
 	s.wantJSON(t, 0, &st, "get", "x", "--addr", s.addr)
-	if st.Held || st.LastToken != 0 {
-		t.Errorf("bad input changed x: %+v", st)
+	if st.Held || st.LastToken != floor {
+		t.Errorf("bad input changed x: %+v; want free with last token %d, the floor", st, floor)
 	}
 }
 

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -33,15 +34,19 @@ func TestObservability(t *testing.T) {
 	s := startFenced(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// A scope's first, second and third tokens, counted from the floor
+	// fenced took office with: alice's, bob's and carol's in orders.
+	floor := s.floor(t)
+	t1, t2, t3 := floor+1, floor+2, floor+3
 
 	var alice leaseOutput
 	s.wantJSON(t, 0, &alice, "acquire", "orders", "--holder", "alice", "--ttl", "30s")
 	w := s.watch(t, "orders", "--held", "-o", "json", "--count", "6")
-	if e := w.event(t); e.Kind != "held" || e.Token != 1 {
-		t.Fatalf("first line = %+v, want orders held with token 1", e)
+	if e := w.event(t); e.Kind != "held" || e.Token != t1 {
+		t.Fatalf("first line = %+v, want orders held with token %d", e, t1)
 	}
 
-	// alice releases; bob's lease expires; carol holds token 3.
+	// alice releases; bob's lease expires; carol holds token t3.
 	s.want(t, 0, "release", "orders", "--lease", alice.LeaseID)
 	s.want(t, 0, "acquire", "orders", "--holder", "bob", "--ttl", "100ms")
 	c, err := client.New(s.addr)
@@ -62,8 +67,8 @@ func TestObservability(t *testing.T) {
 	var carol leaseOutput
 	s.wantJSON(t, 0, &carol, "acquire", "orders", "--holder", "carol", "--ttl", "50s")
 
-	// Bob, paused through his expiry, writes with token 2 after carol
-	// wrote with 3: the guard refuses him and reports it.
+	// Bob, paused through his expiry, writes with token t2 after carol
+	// wrote with t3: the guard refuses him and reports it.
 	rep := guardreport.New(c, "orders-db", guardreport.WithInterval(time.Hour))
 	g := guard.New(guard.NewMemoryStore(), guard.WithObserver(rep), guard.WithLogger(slog.New(slog.DiscardHandler)))
 	write := func(token uint64) error {
@@ -72,7 +77,7 @@ func TestObservability(t *testing.T) {
 	if err := write(carol.Token); err != nil {
 		t.Fatal(err)
 	}
-	if err := write(2); !errors.Is(err, fence.ErrStale) {
+	if err := write(t2); !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("bob's late write = %v, want stale", err)
 	}
 	if err := rep.Close(ctx); err != nil {
@@ -86,11 +91,11 @@ func TestObservability(t *testing.T) {
 		holder  string
 		current uint64
 	}{
-		{"released", 1, "alice", 0},
-		{"granted", 2, "bob", 0},
-		{"expired", 2, "bob", 0},
-		{"granted", 3, "carol", 0},
-		{"rejected", 2, "bob", 3}, // reported by the guard
+		{"released", t1, "alice", 0},
+		{"granted", t2, "bob", 0},
+		{"expired", t2, "bob", 0},
+		{"granted", t3, "carol", 0},
+		{"rejected", t2, "bob", t3}, // reported by the guard
 	} {
 		e := w.event(t)
 		if e.Kind != want.kind || e.Scope != "orders" || e.Token != want.token || e.Holder != want.holder || e.CurrentToken != want.current {
@@ -132,7 +137,7 @@ func TestObservability(t *testing.T) {
 		}
 	}
 	if f := fams["fence_stale_token_gap"]; f == nil || f.Metric[0].Histogram.GetSampleSum() != 1 {
-		t.Errorf("fence_stale_token_gap = %v, want one gap of 1 (token 2 refused after 3)", f)
+		t.Errorf("fence_stale_token_gap = %v, want one gap of 1 (token %d refused after %d)", f, t2, t3)
 	}
 
 	// The status page, in a browser, with two more leases beside.
@@ -140,9 +145,10 @@ func TestObservability(t *testing.T) {
 	s.want(t, 0, "acquire", "reports/nightly", "--holder", "reporter@host-1", "--ttl", "20s")
 	b.Navigate(ctx, "http://"+s.addr+"/")
 	b.WaitText(ctx,
-		"orders\tcarol\t3", "billing/invoices\tbiller-7@host-2\t1", // held now
-		"released #1 alice", "granted #2 bob", "expired #2 bob", "granted #3 carol", "rejected #2 bob (highest #3)",
-		"orders-db refused orders token 2 (held by bob); it had accepted token 3")
+		fmt.Sprintf("orders\tcarol\t%d", t3), fmt.Sprintf("billing/invoices\tbiller-7@host-2\t%d", t1), // held now
+		fmt.Sprintf("released #%d alice", t1), fmt.Sprintf("granted #%d bob", t2), fmt.Sprintf("expired #%d bob", t2),
+		fmt.Sprintf("granted #%d carol", t3), fmt.Sprintf("rejected #%d bob (highest #%d)", t2, t3),
+		fmt.Sprintf("orders-db refused orders token %d (held by bob); it had accepted token %d", t2, t3))
 	shot := filepath.Join(t.TempDir(), "status-page.png")
 	b.Screenshot(ctx, shot)
 	t.Logf("status page screenshot: %s", shot)

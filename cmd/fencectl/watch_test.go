@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,7 @@ func (w *watcher) event(t *testing.T) eventOutput {
 func TestWatch(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
+	floor := s.floor(t)
 	var a leaseOutput
 	s.wantJSON(t, 0, &a, "acquire", "orders/a", "--holder", "alice", "--ttl", "30s")
 	w := s.watch(t, "orders/", "--held", "--count", "4", "-o", "json")
@@ -85,8 +87,9 @@ func TestWatch(t *testing.T) {
 	var last uint64
 	for i, want := range []struct{ kind, scope string }{{"released", "orders/a"}, {"granted", "orders/b"}, {"expired", "orders/b"}} {
 		e := w.event(t)
-		if e.Kind != want.kind || e.Scope != want.scope || e.Token != 1 || e.TokenText != "fence:v1:"+want.scope+":1" || e.Position <= last || e.Time == "" {
-			t.Fatalf("line %d = %+v, want %s %s with token 1", i+2, e, want.scope, want.kind)
+		token := floor + 1 // each scope's first grant
+		if e.Kind != want.kind || e.Scope != want.scope || e.Token != token || e.TokenText != fmt.Sprintf("fence:v1:%s:%d", want.scope, token) || e.Position <= last || e.Time == "" {
+			t.Fatalf("line %d = %+v, want %s %s with token %d", i+2, e, want.scope, want.kind, token)
 		}
 		last = e.Position
 	}
@@ -99,13 +102,14 @@ func TestWatch(t *testing.T) {
 func TestWatchText(t *testing.T) {
 	t.Parallel()
 	s := startFenced(t)
+	floor := s.floor(t)
 	s.want(t, 0, "acquire", "jobs/x", "--holder", "zed")
 	w := s.watch(t, "jobs/", "--held", "--count", "2")
-	if line := w.line(t); !strings.Contains(line, `held      jobs/x  token 1  holder "zed"`) {
+	if line := w.line(t); !strings.Contains(line, fmt.Sprintf(`held      jobs/x  token %d  holder "zed"`, floor+1)) {
 		t.Fatalf("held line = %q", line)
 	}
 	s.want(t, 0, "acquire", "jobs/y", "--holder", "amy")
-	if line := w.line(t); !strings.Contains(line, `granted   jobs/y  token 1  holder "amy"`) || !strings.Contains(line, "position ") {
+	if line := w.line(t); !strings.Contains(line, fmt.Sprintf(`granted   jobs/y  token %d  holder "amy"`, floor+1)) || !strings.Contains(line, "position ") {
 		t.Fatalf("granted line = %q", line)
 	}
 	if err := w.wait(); err != nil {
