@@ -179,6 +179,7 @@ func Start(cfg Config) (*Server, error) {
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(maxRequestBytes),
+		boundedGzip(maxRequestBytes), // no gzip bombs
 		// Compressing a 200-byte answer costs more than sending it.
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithInterceptors(s.metrics.interceptor()),
