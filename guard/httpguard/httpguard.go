@@ -13,10 +13,12 @@
 //
 // A request carries its lease's token in the Fencing-Token header (the
 // token's text form, "fence:v1:orders:42") and optionally a sequence number
-// in Fencing-Sequence. The handler runs inside the scope's fenced section.
-// A stale token gets 409 Conflict, a missing, malformed or foreign token
-// 400 Bad Request, both with an RFC 9457 application/problem+json body
-// (scope, presented_token, highest_token).
+// in Fencing-Sequence. The middleware reads the request body whole, then
+// runs the handler inside the scope's fenced section. A stale token gets
+// 409 Conflict, a missing, malformed or foreign token 400 Bad Request, a
+// body over the limit (1 MiB, WithMaxBody) 413 Content Too Large, all with
+// an RFC 9457 application/problem+json body (scope, presented_token,
+// highest_token).
 //
 // Client side, wrap the transport with the lease:
 //
@@ -47,6 +49,17 @@
 // (guard.MemoryStore, redisguard.Store) keeps whatever the handler changed,
 // and the advanced mark then at least refuses older writers after it.
 //
+// The request body is read, whole and up to the limit (DefaultMaxBody,
+// WithMaxBody), before the fenced section begins, and the handler reads it
+// from memory. A store's fenced section is a write transaction (bbolt's
+// and SQLite's take the whole database; PostgreSQL's holds the scope's row
+// and a pooled connection): read inside it, a client that sent part of its
+// body and stalled held every other scope's writes for the whole stall.
+// Reading the body is bounded only by the server: give the http.Server a
+// ReadTimeout (net/http has none by default), or a client that stalls keeps
+// its goroutine and what it sent of its body for as long as it likes,
+// though it no longer holds up anyone else's writes.
+//
 // The handler's answer is held back until the fenced section has ended,
 // and sent only if the section succeeded: with a store that commits the
 // handler's writes together with the mark (boltguard, sqlguard), a commit
@@ -58,8 +71,7 @@
 // A store that may run the handler more than once (a guard.Repeater, such
 // as boltguard's Batched store, which commits concurrent writes together)
 // keeps only the last run's writes, so only the last run's answer is sent,
-// and each run reads the request body from its start: what the handler
-// read of it is kept in memory until the request ends. Over such a store a
+// and each run reads the request body from its start. Over such a store a
 // handler must have no effect outside the store's transaction, which is
 // why Middleware refuses one unless WithRepeats says the handlers are
 // written for it.
@@ -80,6 +92,10 @@ import (
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 )
+
+// DefaultMaxBody is the largest request body Middleware reads unless
+// WithMaxBody says otherwise: 1 MiB.
+const DefaultMaxBody = 1 << 20
 
 // The default header names.
 const (
@@ -133,8 +149,14 @@ func WithUnfencedReads() Option { return optionFunc(func(m *middleware) { m.unfe
 // happens once per run. Without it, Middleware refuses such a guard.
 func WithRepeats() Option { return optionFunc(func(m *middleware) { m.repeatsOK = true }) }
 
+// WithMaxBody reads request bodies of up to n bytes, instead of
+// DefaultMaxBody, before the fenced section; a larger body is answered 413
+// Content Too Large. n must be positive: Middleware refuses others.
+func WithMaxBody(n int64) Option { return optionFunc(func(m *middleware) { m.maxBody = n }) }
+
 type middleware struct {
 	g         *guard.Guard
+	maxBody   int64
 	repeats   bool // g's store may run a handler more than once
 	repeatsOK bool // and the caller said its handlers allow it
 	header    string
@@ -147,9 +169,13 @@ type middleware struct {
 // fails if g's store may run a handler more than once and WithRepeats is
 // not given. The middleware is safe for concurrent use.
 func Middleware(g *guard.Guard, scope string, opts ...Option) (func(http.Handler) http.Handler, error) {
-	m := &middleware{g: g, repeats: g.Repeats(), header: TokenHeader, scopeOf: func(*http.Request) string { return scope }}
+	m := &middleware{g: g, repeats: g.Repeats(), header: TokenHeader, maxBody: DefaultMaxBody,
+		scopeOf: func(*http.Request) string { return scope }}
 	for _, o := range opts {
 		o.apply(m)
+	}
+	if m.maxBody <= 0 {
+		return nil, fmt.Errorf("httpguard: WithMaxBody(%d): want a positive number of bytes", m.maxBody)
 	}
 	if m.repeats && !m.repeatsOK {
 		return nil, errors.New("httpguard: the guard's store may run a handler more than once for one request " +
@@ -180,25 +206,27 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		writeProblem(w, Problem{Type: "about:blank", Title: "Bad fencing token", Status: http.StatusBadRequest, Detail: err.Error(), Scope: scope})
 		return
 	}
+	// The body is read before the fenced section, which holds the store's
+	// write transaction: a client sending it slowly must not hold that.
+	body, p := m.readBody(w, r)
+	if p != nil {
+		p.Scope = scope
+		writeProblem(w, *p)
+		return
+	}
 	// The handler's answer waits until the fenced section has ended: a
 	// store that commits the handler's writes with the mark (boltguard,
 	// sqlguard) can still fail to commit after the handler wrote its
 	// status, and the client must not hear that a write succeeded that
 	// was rolled back.
 	var ans *answer
-	var body *replayBody
-	if m.repeats {
-		body = &replayBody{src: r.Body}
-	}
 	err = m.g.Fence(r.Context(), scope, wr, func(ctx context.Context) error {
 		// A store that runs this again keeps only the last run's writes,
-		// so only the last run's answer counts.
+		// so only the last run's answer counts; each run reads the body
+		// from its start.
 		ans = &answer{header: w.Header().Clone()}
 		req := r.WithContext(ctx)
-		if body != nil {
-			body.rewind()
-			req.Body = body
-		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(ans, req)
 		if ans.failed() {
 			return errFailed
@@ -226,6 +254,30 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	default:
 		writeProblem(w, Problem{Type: "about:blank", Title: "Fencing check failed", Status: http.StatusInternalServerError, Detail: err.Error(), Scope: scope})
 	}
+}
+
+// readBody reads r's body whole, up to m.maxBody bytes. A body that is
+// larger, or cannot be read, gets a problem to answer instead.
+func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem) {
+	tooLarge := &Problem{Type: "about:blank", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+		Detail: fmt.Sprintf("the request body is larger than %d bytes", m.maxBody)}
+	if r.ContentLength > m.maxBody {
+		return nil, tooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	// MaxBytesReader also has the server close the connection after a
+	// body that is too large, rather than read the rest of it.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.maxBody))
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return nil, tooLarge
+	}
+	if err != nil {
+		return nil, &Problem{Type: "about:blank", Title: "Request body unreadable", Status: http.StatusBadRequest,
+			Detail: "reading the request body: " + err.Error()}
+	}
+	return body, nil
 }
 
 // write reads the token and sequence headers.
@@ -302,35 +354,3 @@ func (a *answer) send(w http.ResponseWriter) {
 		_, _ = w.Write(a.body.Bytes()) // the client went away: nothing to tell it
 	}
 }
-
-// replayBody is a request body that a handler can read again when its
-// store runs it again: what was read is kept, and a rewound body serves it
-// before reading on. Only what the handler read is kept.
-type replayBody struct {
-	src  io.ReadCloser
-	read []byte
-	pos  int
-	err  error // src's error, once it returned one
-}
-
-func (b *replayBody) Read(p []byte) (int, error) {
-	if b.pos < len(b.read) {
-		n := copy(p, b.read[b.pos:])
-		b.pos += n
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	n, err := b.src.Read(p)
-	b.read = append(b.read, p[:n]...)
-	b.pos += n
-	b.err = err
-	return n, err
-}
-
-// Close does nothing: the server closes the request's body after the
-// handler, and a run after this one may read it again.
-func (b *replayBody) Close() error { return nil }
-
-func (b *replayBody) rewind() { b.pos = 0 }
