@@ -689,3 +689,38 @@ func TestInDatabaseProtocolVectors(t *testing.T) {
 		})
 	}
 }
+
+// TestInDatabaseRefusesBadScopes calls fence_advance with scopes the
+// protocol refuses, as bound parameters of the Go drivers: each is refused
+// as malformed (FN400) and leaves no mark. MariaDB's REGEXP, PCRE, lets
+// '$' match before a final newline, so "orders\n" passed there.
+func TestInDatabaseRefusesBadScopes(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			sdb := db.src.open(t)
+			call := "CALL fence_advance(?, 1, 0)"
+			if d == sqlguard.Postgres {
+				call = "SELECT fence_advance($1::text, 1::bigint)"
+			}
+			if _, err := sdb.Exec(call, "orders/a"); err != nil {
+				t.Fatalf("a good scope: %v", err)
+			}
+			for _, scope := range []string{"orders\n", "orders\r", "orders\r\n", "orders/a\n", "\norders", "or\nders",
+				"orders\x00", "orders\t", "", "/orders", "orders/", "orders//a", "orders/..", "./a", "or ders", "ordérs",
+				strings.Repeat("s", 257)} {
+				_, err := sdb.Exec(call, scope)
+				if d == sqlguard.Postgres && strings.ContainsRune(scope, 0) && err != nil && strings.Contains(err.Error(), "22021") {
+					continue // text cannot hold a NUL: refused before the call
+				}
+				if err == nil || !strings.Contains(err.Error(), "FN400") {
+					t.Errorf("scope %q: %v; want refused as malformed (FN400)", scope, err)
+				}
+			}
+			var n int
+			if err := sdb.QueryRow("SELECT count(*) FROM fence_tokens").Scan(&n); err != nil || n != 1 {
+				t.Errorf("%d marks, %v; want the good scope's alone", n, err)
+			}
+		})
+	}
+}
