@@ -141,6 +141,12 @@ func Identity(ctx context.Context) string {
 // the caller it authenticated.
 const identityHeader = "Fence-Identity"
 
+// ForwardedHeader marks a call that a node forwards to the leader, with
+// the forwarding node's ID. A node's call so marked acts for the identity
+// the node authenticated (Fence-Identity), and for no one without it:
+// never as the node itself.
+const ForwardedHeader = "Fence-Forwarded-By"
+
 // Authenticate finds the caller's identity and puts it in the request's
 // context. It runs before forwarding, so the leader learns who a forwarded
 // call is for. Besides RPCs, which the Interceptor checks, only the paths
@@ -152,6 +158,12 @@ const identityHeader = "Fence-Identity"
 // certificate naming a node gives no identity at all, so a client
 // certificate can never act as a node. A nil clusterCA makes no
 // certificate a node.
+//
+// A node's call marked ForwardedHeader is made for the caller the node
+// authenticated: it has the identity the node vouches for or, without
+// one, no identity at all, never the node's own name. (Followers of
+// earlier builds forwarded calls without credentials so, and at the
+// leader they acted as the node, cluster operations included.)
 func (a *Auth) Authenticate(next http.Handler, public func(path string) bool, clusterCA *x509.CertPool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var certID string
@@ -162,7 +174,8 @@ func (a *Auth) Authenticate(next http.Handler, public func(path string) bool, cl
 			}
 		}
 		id := certID
-		if fwd := r.Header.Get(identityHeader); fwd != "" && certID != "" && slices.Contains(a.Nodes, certID) {
+		fwd := r.Header.Get(identityHeader)
+		if node := certID != "" && slices.Contains(a.Nodes, certID); node && (fwd != "" || r.Header.Get(ForwardedHeader) != "") {
 			id = fwd
 		} else if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			id = a.tokenIdentity(b)

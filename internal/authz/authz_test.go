@@ -44,7 +44,8 @@ func TestLoadRefusesBadFiles(t *testing.T) {
 }
 
 // TestAuthenticate: the identity comes from a bearer token or a client
-// certificate, and a forwarded identity is believed only from a node.
+// certificate, and a forwarded identity is believed only from a node; a
+// call a node forwards for no one has no identity, not the node's.
 func TestAuthenticate(t *testing.T) {
 	sum := sha256.Sum256([]byte("secret"))
 	a, err := Load(writeAuth(t, fmt.Sprintf(`{
@@ -101,6 +102,10 @@ func TestAuthenticate(t *testing.T) {
 		{"public path", "/healthz", "", nil, 200, ""},
 		{"forwarded by a node", "/fence.v1.LeaseService/Get", "n1", map[string]string{identityHeader: "svc"}, 200, "svc"},
 		{"forwarded by a stranger", "/fence.v1.LeaseService/Get", "x", map[string]string{identityHeader: "svc"}, 200, "x"},
+		{"a node for itself", "/fence.v1.ClusterService/AddNode", "n1", nil, 200, "n1"},
+		// A follower forwarding a caller it could not identify.
+		{"forwarded by a node for no one", "/fence.v1.ClusterService/RotateSigningKey", "n1", map[string]string{ForwardedHeader: "n2"}, 200, ""},
+		{"forwarded by a node, a bearer token it did not know", "/fence.v1.LeaseService/Get", "n1", map[string]string{ForwardedHeader: "n2", "Authorization": "Bearer nope"}, 200, ""},
 		{"certificate without the rule", "/metrics", "x", nil, 403, ""},
 		{"client certificate naming a node", "/fence.v1.LeaseService/Get", "client:n1", map[string]string{identityHeader: "svc"}, 200, ""},
 		{"client certificate naming a node, no header", "/metrics", "client:n1", nil, 401, ""},

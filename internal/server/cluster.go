@@ -18,6 +18,7 @@ import (
 	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/authz"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/raftnode"
 	"github.com/fence-dev/fence/internal/status"
@@ -26,8 +27,9 @@ import (
 
 // forwardedHeader marks a request one node forwarded to the leader, so a
 // node that is not (or no longer) the serving leader answers it itself,
-// with Unavailable, instead of forwarding it on in a loop.
-const forwardedHeader = "Fence-Forwarded-By"
+// with Unavailable, instead of forwarding it on in a loop; and so that the
+// leader takes it for the caller's, never the forwarding node's own.
+const forwardedHeader = authz.ForwardedHeader
 
 // selfOnlyHeader asks ClusterService.Status for the answering node alone;
 // the node asked by a user adds it when it asks its peers.
@@ -98,10 +100,13 @@ const leaderHeader = "Fence-Leader"
 
 // forward sends a request to the leader when this node is not the serving
 // leader, and serves it here otherwise (including when no leader is known:
-// the handler then answers Unavailable).
+// the handler then answers Unavailable). With auth on, a request without
+// an identity is never forwarded: it is answered here, where the RPCs'
+// interceptor refuses it as the leader would. Forwarded, it would reach
+// the leader over this node's certificate.
 func (s *Server) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
+		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" || s.anonymous(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -125,6 +130,11 @@ func (s *Server) forward(next http.Handler) http.Handler {
 		}()
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// anonymous reports whether auth is on and the request has no identity.
+func (s *Server) anonymous(r *http.Request) bool {
+	return s.auth != nil && authz.Identity(r.Context()) == ""
 }
 
 // leaderGeneration returns a channel closed at the next change of leader.

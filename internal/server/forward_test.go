@@ -3,11 +3,13 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestForwardFailureIsAConnectError: when a follower cannot reach the
@@ -51,4 +53,29 @@ func TestForwardFailureIsAConnectError(t *testing.T) {
 	if st != "14" || w.Code != http.StatusOK {
 		t.Errorf("gRPC: HTTP %d, grpc-status %q; want 200 with status 14 (unavailable)", w.Code, st)
 	}
+}
+
+// startClusterNode starts the node id of a cluster on loopback, with a
+// Raft address, bootstrapping it without join and joining through join
+// otherwise, with edit's changes to its configuration; and closes it at
+// the end of the test.
+func startClusterNode(t *testing.T, id string, join []string, edit func(*Config)) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.NodeID, cfg.DataDir, cfg.Listen, cfg.RaftListen = id, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Bootstrap, cfg.Join = len(join) == 0, join
+	cfg.ElectionTimeout = 2 * time.Second // a loaded machine must not move the leadership
+	cfg.NoClockFloor = true               // tokens count from 1 (TestTokenFloor has the floor)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	edit(&cfg)
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.Close(ctx)
+	})
+	return s
 }

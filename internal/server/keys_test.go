@@ -26,22 +26,7 @@ import (
 // 4, where a key can wait to sign. With join it joins that node's cluster.
 func startSigner(t *testing.T, id string, delay time.Duration, join ...string) *Server {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.NodeID, cfg.DataDir, cfg.Listen, cfg.RaftListen = id, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Bootstrap, cfg.Join = len(join) == 0, join
-	cfg.ElectionTimeout = 2 * time.Second // a loaded machine must not move the leadership
-	cfg.KeyPublishDelay = delay
-	cfg.NoClockFloor = true // tokens count from 1 (TestTokenFloor has the floor)
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		s.Close(ctx)
-	})
+	s := startClusterNode(t, id, join, func(cfg *Config) { cfg.KeyPublishDelay = delay })
 	waitFor(t, id+" applies log format 4", func() bool {
 		return s.node.Format() >= fsm.KeyScheduleFormat && (len(join) > 0 || s.Ready())
 	})
