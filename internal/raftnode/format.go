@@ -41,13 +41,16 @@ const probeInterval = 30 * time.Second
 // The other replicas are unharmed.
 type HaltError struct {
 	Index uint64 // the Raft index of the entry
+	Dir   string // the data directory
 	Err   error  // wraps fsm.ErrUnknownEntry
 }
 
 func (e *HaltError) Error() string {
-	return fmt.Sprintf("raftnode: stopped before log entry %d, which this build does not understand (%v); "+
-		"the cluster's log format was raised by a newer build, or the entry is corrupt: run a build that knows it "+
-		"(this one knows log formats 1 to %d), see docs/upgrade.md", e.Index, e.Err, fsm.LogFormat)
+	return fmt.Sprintf("raftnode: stopped before log entry %d of the Raft log in %s, which this build does not understand (%v). "+
+		"Either a newer build raised the cluster's log format (this build knows 1 to %d): run that build here (docs/upgrade.md). "+
+		"Or this node's copy of the entry is damaged: in a cluster, replace this node (move its data directory away and add it again); "+
+		"alone, restore the data directory from a backup, whose next tokens the token floor keeps above every one issued (docs/operations.md)",
+		e.Index, e.Dir, e.Err, fsm.LogFormat)
 }
 
 func (e *HaltError) Unwrap() error { return e.Err }
@@ -58,7 +61,7 @@ func (e *HaltError) Unwrap() error { return e.Err }
 // entry and count this one as applied; recording it as invalid would apply
 // it otherwise than the replicas that understand it.
 func (m *machine) halt(l *raft.Log, err error) {
-	h := &HaltError{Index: l.Index, Err: err}
+	h := &HaltError{Index: l.Index, Dir: m.cfg.DataDir, Err: err}
 	m.cfg.Logger.Error("stopping: a log entry this build does not understand", "index", l.Index, "term", l.Term,
 		"err", err, "known_log_formats", fmt.Sprintf("1-%d", fsm.LogFormat))
 	panic(h)

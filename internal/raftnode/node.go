@@ -28,6 +28,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,6 +214,9 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return fail(fmt.Errorf("inspect raft state: %w", err))
 	}
+	if err := checkNewestSnapshot(snaps, cfg.DataDir); err != nil {
+		return fail(err)
+	}
 	if !existing && cfg.Bootstrap {
 		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
 		if err := raft.BootstrapCluster(rc, store, store, snaps, trans, boot); err != nil {
@@ -358,6 +362,28 @@ func (n *Node) Close() error {
 	err = errors.Join(err, n.store.Close())
 	n.unlock()
 	return err
+}
+
+// checkNewestSnapshot refuses a data directory whose newest snapshot does
+// not read back whole (raft checks its CRC). Raft would fall back to an
+// older snapshot and then panic ("log not found"), since the log was
+// compacted past it; better to say which file is damaged and what to do.
+func checkNewestSnapshot(snaps raft.SnapshotStore, dir string) error {
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("list the snapshots in %s: %w", dir, err)
+	}
+	if len(metas) == 0 {
+		return nil
+	}
+	_, rc, err := snaps.Open(metas[0].ID)
+	if err != nil {
+		return fmt.Errorf("raftnode: the newest snapshot, %s, is damaged (%v): this node cannot rebuild its state. "+
+			"In a cluster, replace this node: move its data directory away and add it again, and it copies the leader's state. "+
+			"Alone, restore the data directory from a backup; the token floor keeps its next tokens above every one issued (docs/operations.md)",
+			filepath.Join(dir, "snapshots", metas[0].ID), err)
+	}
+	return rc.Close()
 }
 
 // unlock lets another process open the data directory.
