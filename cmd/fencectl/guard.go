@@ -87,9 +87,9 @@ redis-cli -x FUNCTION LOAD REPLACE, and connects to nothing.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), installTimeout)
 			defer cancel()
 			if err := t.install(ctx); err != nil {
-				return fmt.Errorf("install the guard in %s: %w", t.url.Redacted(), err)
+				return redactedError{fmt.Errorf("install the guard in %s: %w", redactURL(t.url), err), secrets(t.url)}
 			}
-			out := guardInstallJSON{URL: t.url.Redacted(), Kind: t.kind, Installed: t.installed}
+			out := guardInstallJSON{URL: redactURL(t.url), Kind: t.kind, Installed: t.installed}
 			return a.emit(out, func(w io.Writer) {
 				fmt.Fprintf(w, "installed fence's guard in %s:\n", out.URL)
 				for _, s := range out.Installed {
@@ -114,6 +114,11 @@ type guardTarget struct {
 func parseGuardTarget(raw string) (*guardTarget, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
+		// Not url.Parse's error, which quotes the URL whole, password and
+		// all.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("URL: %w", err)
 	}
 	t := &guardTarget{url: u}
@@ -150,10 +155,78 @@ func parseGuardTarget(raw string) (*guardTarget, error) {
 		t.install = func(ctx context.Context) error { return installRedis(ctx, raw) }
 		t.script = redisguard.Library()
 	default:
-		return nil, fmt.Errorf("URL %q: unknown scheme %q: want postgres://, mysql:// or redis://", u.Redacted(), u.Scheme)
+		return nil, fmt.Errorf("URL %q: unknown scheme %q: want postgres://, mysql:// or redis://", redactURL(u), u.Scheme)
 	}
 	return t, err
 }
+
+// secretParam reports whether a URL's query parameter of this name holds a
+// secret: password= (PostgreSQL, MySQL, Redis), sslpassword= (the
+// passphrase of PostgreSQL's client key), and the like.
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	for _, s := range []string{"pass", "pwd", "secret", "token"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// redactURL is u.Redacted, which replaces the password of the userinfo
+// with "xxxxx", that also replaces the values of query parameters that
+// hold secrets (secretParam).
+func redactURL(u *url.URL) string {
+	r := *u
+	if r.RawQuery != "" {
+		q := r.Query()
+		for k, vs := range q {
+			if secretParam(k) {
+				for i := range vs {
+					vs[i] = "xxxxx"
+				}
+			}
+		}
+		r.RawQuery = q.Encode()
+	}
+	return r.Redacted()
+}
+
+// secrets returns the passwords u holds, in the userinfo and in query
+// parameters that hold secrets.
+func secrets(u *url.URL) []string {
+	var out []string
+	if p, ok := u.User.Password(); ok && p != "" {
+		out = append(out, p)
+	}
+	for k, vs := range u.Query() {
+		if secretParam(k) {
+			for _, v := range vs {
+				if v != "" {
+					out = append(out, v)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// redactedError is an error whose text has the secrets replaced with
+// "xxxxx": a driver's error may quote the connection string it was given.
+type redactedError struct {
+	err     error
+	secrets []string
+}
+
+func (e redactedError) Error() string {
+	s := e.err.Error()
+	for _, sec := range e.secrets {
+		s = strings.ReplaceAll(s, sec, "xxxxx")
+	}
+	return s
+}
+
+func (e redactedError) Unwrap() error { return e.err }
 
 // mysqlDSN turns mysql://USER:PASSWORD@HOST:PORT/DB?PARAMS into the form
 // of github.com/go-sql-driver/mysql, over TCP.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
@@ -40,6 +41,12 @@ func TestGuardInstallErrors(t *testing.T) {
 		{"postgres://u:secret@127.0.0.1:1/db", exitError, "cannot reach the server"},
 		{"mysql://u:secret@127.0.0.1:1/db", exitError, "cannot reach the server"},
 		{"redis://:secret@127.0.0.1:1", exitError, "cannot reach the server"},
+		{"postgres://u@127.0.0.1:1/db?password=secret", exitError, "password=xxxxx"},
+		{"postgres://u@127.0.0.1:1/db?sslpassword=secret&password=secret", exitError, "cannot reach the server"},
+		{"mysql://u@127.0.0.1:1/db?password=secret", exitError, "cannot reach the server"},
+		{"redis://127.0.0.1:1?password=secret", exitError, "password=xxxxx"},
+		{"mongodb://127.0.0.1/x?password=secret", exitUsage, `unknown scheme "mongodb"`},
+		{"postgres://u:secret%zz@127.0.0.1/db", exitUsage, `URL: invalid URL escape "%zz"`},
 	} {
 		code, _, stderr := ctl("guard", "install", c.url)
 		if code != c.status || !strings.Contains(stderr, c.stderr) || strings.Contains(stderr, "secret") {
@@ -142,6 +149,19 @@ func TestGuardInstall(t *testing.T) {
 			t.Errorf("install said %q", out)
 		}
 		version(t, "pgx", u.String())
+
+		// The password as a query parameter is redacted as the userinfo's.
+		pass, _ := u.User.Password()
+		q.Set("password", pass)
+		u.User, u.RawQuery = url.User(u.User.Username()), q.Encode()
+		code, stdout, stderr := ctl("guard", "install", "-o", "json", u.String())
+		var got guardInstallJSON
+		if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil {
+			t.Fatalf("install -o json with ?password=: status %d, %v: %s %s", code, err, stdout, stderr)
+		}
+		if strings.Contains(stdout, "password="+url.QueryEscape(pass)) || !strings.Contains(got.URL, "password=xxxxx") {
+			t.Errorf("install -o json with ?password=: url %q; want the password as xxxxx", got.URL)
+		}
 	})
 
 	t.Run("mysql", func(t *testing.T) {
