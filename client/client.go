@@ -492,7 +492,7 @@ func (c *Client) releaseMany(ctx context.Context, reqs []*fencev1.ReleaseRequest
 type ScopeState struct {
 	Scope     string
 	Lease     *fence.Lease // the current lease without its ID; nil if free
-	LastToken uint64       // the highest token ever issued; 0 if never granted
+	LastToken uint64       // at least every token issued for the scope, and below its next: the token floor for a scope not granted since the service took office
 	Waiters   int          // acquires queued behind the current lease
 }
 

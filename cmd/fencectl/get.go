@@ -25,7 +25,9 @@ func (a *app) newGetCmd() *cobra.Command {
 		Short: "Show who holds SCOPE, with its token and time left",
 		Long: `Get shows SCOPE's current lease: holder, token, TTL and time left, and how
 many acquires wait in line. For a free scope it shows the last token
-issued, which the next grant exceeds (0: never granted).`,
+issued, which the next grant exceeds (for a scope not granted since the
+service last took office: the token floor it set, its wall clock in
+microseconds).`,
 		Example: `  fencectl get orders
   fencectl get orders -o json | jq .held`,
 		Args: exactArgs("SCOPE"),

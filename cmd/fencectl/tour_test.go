@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,12 +26,14 @@ import (
 // type it, against a fenced with the default (signed) tokens. The lines
 // stay as they are written; only the placeholders a person copies from
 // earlier output (LEASE_A, LEASE_B) are filled in. Each line's comment is
-// its claim: "exit N" is its exit status (else 0), "token N" is in its
-// output, "(LEASE_X)" names the lease ID it prints.
+// its claim: "exit N" is its exit status (else 0), "token F+N" is in its
+// output (F, the token floor the service started with, written out),
+// "(LEASE_X)" names the lease ID it prints.
 func TestReadmeTour(t *testing.T) {
 	t.Parallel()
 	lines := tourLines(t)
 	s := startFenced(t, "--sign-tokens=true")
+	floor := s.floor(t)
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
 		t.Fatal(err)
@@ -41,7 +44,7 @@ func TestReadmeTour(t *testing.T) {
 
 	var (
 		exitRe        = regexp.MustCompile(`#.*\bexit (\d+)`)
-		tokenRe       = regexp.MustCompile(`#.*\btoken (\d+)`)
+		tokenRe       = regexp.MustCompile(`#.*\btoken F\+(\d+)`)
 		definesRe     = regexp.MustCompile(`#.*\((LEASE_[A-Z])\)`)
 		placeholderRe = regexp.MustCompile(`\bLEASE_[A-Z]\b`)
 		leaseTextRe   = regexp.MustCompile(` lease ([0-9a-f]{32}) `)
@@ -71,7 +74,8 @@ func TestReadmeTour(t *testing.T) {
 			t.Fatalf("line %d: want exit status %d\n%s\n%v", i+1, want, line, last)
 		}
 		if m := tokenRe.FindStringSubmatch(line); m != nil {
-			tok := m[1]
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			tok := strconv.FormatUint(floor+n, 10)
 			said := regexp.MustCompile(`\btoken ` + tok + `\b|"token":` + tok + `\b`)
 			if !said.MatchString(last.stdout + last.stderr) {
 				t.Errorf("line %d promises token %s:\n%s\n%v", i+1, tok, line, last)
@@ -93,8 +97,9 @@ func TestReadmeTour(t *testing.T) {
 	}
 	// The last line is the exec: its command saw a signed token of the
 	// third grant.
-	if !strings.Contains(lines[len(lines)-1], "exec") || !strings.HasPrefix(last.stdout, "I hold fence:v3:orders:3:") {
-		t.Errorf("the tour's exec printed %q, want I hold fence:v3:orders:3:...", last.stdout)
+	third := fmt.Sprintf("I hold fence:v3:orders:%d:", floor+3)
+	if !strings.Contains(lines[len(lines)-1], "exec") || !strings.HasPrefix(last.stdout, third) {
+		t.Errorf("the tour's exec printed %q, want %s...", last.stdout, third)
 	}
 }
 

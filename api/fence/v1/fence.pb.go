@@ -1113,7 +1113,9 @@ type GetResponse struct {
 	Scope string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
 	// The current lease, without its lease_id; unset when the scope is free.
 	Lease *Lease `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
-	// The highest token ever issued for the scope; 0 if never granted.
+	// Every token issued for the scope is at or below it, and its next token
+	// is above it: the highest token it was issued, or, for a scope not granted
+	// since the service last took office, the token floor then set.
 	LastToken uint64 `protobuf:"varint,3,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
 	// Acquires queued behind the current lease.
 	Waiters       uint32 `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
