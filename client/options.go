@@ -87,7 +87,10 @@ func WithWait() AcquireOption { return acquireFunc(func(a *acquireConfig) { a.wa
 // WithRequestID sets the acquire's request ID (default: random). Retries of
 // one acquire carry the same ID, so the service returns the same grant
 // instead of a second token while that grant is among the scope's four most
-// recent (see the package documentation, Retries).
+// recent (see the package documentation, Retries). The ID returns the
+// grant, lease ID included, to whoever presents it as the same owner (the
+// identity with auth on, the holder name with auth off): keep it as secret
+// as the lease ID, and as hard to guess.
 func WithRequestID(id string) AcquireOption {
 	return acquireFunc(func(a *acquireConfig) { a.requestID = id })
 }

@@ -429,3 +429,56 @@ func (l *lockedLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestRequestIDIsBoundToTheIdentity: with auth on, a request ID is bound
+// to the identity that used it, not to the holder name, which anyone may
+// read. Mallory, allowed to acquire the same scopes, presents Alice's
+// request ID with Alice's holder name: she was once answered with Alice's
+// grant, lease ID and signed token included. Now her acquire is her own,
+// answered as one with a request ID never used, under Alice's holder name
+// or another: she learns neither Alice's lease ID nor that Alice used the
+// ID. Alice's own retry still gets her grant.
+func TestRequestIDIsBoundToTheIdentity(t *testing.T) {
+	dir := t.TempDir()
+	alice, mallory := sha256.Sum256([]byte("alice-secret")), sha256.Sum256([]byte("mallory-secret"))
+	authFile := filepath.Join(dir, "auth.json")
+	if err := os.WriteFile(authFile, fmt.Appendf(nil, `{
+		"tokens": [{"identity": "alice", "sha256": %q}, {"identity": "mallory", "sha256": %q}],
+		"rules": [
+			{"identity": "alice", "prefix": "jobs/", "allow": ["acquire", "release"]},
+			{"identity": "mallory", "prefix": "jobs/", "allow": ["acquire", "release"]}
+		]}`, hex.EncodeToString(alice[:]), hex.EncodeToString(mallory[:])), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, func(cfg *Config) { cfg.AuthFile = authFile })
+	as := func(bearer string) fencev1connect.LeaseServiceClient {
+		return fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr(), connect.WithInterceptors(testBearer("Bearer "+bearer)))
+	}
+	a, m := as("alice-secret"), as("mallory-secret")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	acquire := func(c fencev1connect.LeaseServiceClient, holder, requestID string) (*fencev1.Lease, error) {
+		resp, err := c.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: "jobs/1", Holder: holder, RequestId: requestID}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.Lease, nil
+	}
+
+	la, err := acquire(a, "worker", "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, holder := range []string{"worker", "mallory"} {
+		for _, id := range []string{"nightly", "never-used"} {
+			l, err := acquire(m, holder, id)
+			if connect.CodeOf(err) != connect.CodeAborted || l != nil || strings.Contains(fmt.Sprint(err), la.LeaseId) {
+				t.Errorf("Mallory as holder %q with request ID %q: %v, %v; want held (aborted), as with any request ID, and no lease", holder, id, l, err)
+			}
+		}
+	}
+	again, err := acquire(a, "worker", "nightly")
+	if err != nil || again.LeaseId != la.LeaseId || again.Token != la.Token {
+		t.Errorf("Alice's retry: %v, %v; want her grant, token %d", again, err, la.Token)
+	}
+}

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -74,7 +76,41 @@ func (s *Server) acquireCommand(ctx context.Context, m *fencev1.AcquireRequest) 
 		TTL: ttl, Wait: m.Wait, RequestID: m.RequestId, At: time.Now().UnixNano(),
 		MaxWaiters: s.cfg.MaxWaiters, Owner: authz.Identity(ctx),
 	}
-	return c, c.Validate()
+	if err := c.Validate(); err != nil {
+		return fsm.Command{}, err
+	}
+	c.RequestID = retryKey(c.Owner, c.Holder, c.RequestID)
+	return c, nil
+}
+
+// retryKey is the request ID an acquire is recorded under: the client's,
+// bound to the acquire's owner (the identity with auth on, the holder
+// with auth off), so that it matches only that owner's own retries. The
+// state machine binds a retry to the holder, which anyone may read (Get,
+// List, watch, the status page); it answered whoever named the holder with
+// the grant, lease ID and signed token, and whoever did not with "already
+// used by another holder", telling a prober which request IDs exist. Keyed
+// by owner, another caller's request ID is a fresh one: its acquire is
+// answered as any other, whether or not that ID was used.
+//
+// The key is 128 bits of SHA-256 over the owner and the request ID, in
+// unpadded base64url (22 bytes, the size of the Go client's own request
+// IDs). Finding another owner's request ID that gives the same key takes
+// some 2^128 tries.
+func retryKey(identity, holder, requestID string) string {
+	if requestID == "" {
+		return ""
+	}
+	kind, owner := "identity", identity
+	if identity == "" {
+		kind, owner = "holder", holder
+	}
+	h := sha256.New()
+	for _, part := range []string{"fence-request-id-v1", kind, owner, requestID} {
+		h.Write(binary.AppendUvarint(nil, uint64(len(part))))
+		h.Write([]byte(part))
+	}
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
 }
 
 // maxBatch bounds the items of one AcquireBatch or ReleaseBatch request.

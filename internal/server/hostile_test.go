@@ -223,9 +223,14 @@ func TestHostileRequests(t *testing.T) {
 }
 
 // TestReplayedRequestID: holder B presents the request ID of holder A's
-// acquire, while A holds the scope and while A waits in line. B is refused
-// (invalid request_id), never learns A's lease ID and changes nothing;
-// A's own retry still gets A's grant.
+// acquire, while A holds the scope, while A waits in line and after A
+// released. With auth off a request ID is bound to its holder, so B's
+// acquire is B's own, answered as one with a request ID never used: held
+// while the scope is held, in line when it waits, granted a lease of its
+// own once the scope is free. B never learns A's lease ID, nor whether A
+// used that ID (it was once told "already used by another holder"), and
+// takes nothing of A's; A's own retry still gets A's grant, or lost once
+// it ended.
 func TestReplayedRequestID(t *testing.T) {
 	srv := fencetest.NewServer()
 	t.Cleanup(srv.Close)
@@ -238,27 +243,27 @@ func TestReplayedRequestID(t *testing.T) {
 	other := srv.Client(client.WithHolder("C"))
 	t.Cleanup(func() { a.Close(); b.Close(); other.Close() })
 
-	refused := func(t *testing.T, scope, reqID string, secret fence.LeaseID, opts ...client.AcquireOption) {
+	// heldForB: B's acquire with A's request ID, and one with an ID never
+	// used, are both refused as held, without a lease ID, changing nothing.
+	heldForB := func(t *testing.T, scope, reqID string, secret fence.LeaseID) {
 		t.Helper()
 		before := in.snapshot(t, scope)
-		got, err := b.Grant(ctx, scope, append(opts, client.WithRequestID(reqID))...)
-		var ie *fence.InvalidError
-		if !errors.As(err, &ie) || ie.Field != "request_id" || !strings.Contains(ie.Reason, "another holder") {
-			t.Errorf("B with A's request ID: %+v, %v; want an invalid request_id naming another holder", got, err)
-		}
-		if err != nil && strings.Contains(err.Error(), secret.String()) {
-			t.Errorf("the refusal tells B A's lease ID: %v", err)
-		}
-		// The same by hand, waiting or not: the answer carries no lease.
-		for _, wait := range []string{"false", "true"} {
+		for _, id := range []string{reqID, "never-used"} {
 			ans := raw.post(t, rpc{path: fencev1connect.LeaseServiceAcquireProcedure}, false,
-				[]byte(`{"scope":"`+scope+`","holder":"B","request_id":"`+reqID+`","wait":`+wait+`}`))
-			if ans.code != "invalid_argument" || !strings.HasPrefix(ans.msg, "invalid request_id: ") || strings.Contains(ans.msg, secret.String()) {
-				t.Errorf("raw, wait %s: %s %q; want invalid_argument for request_id, without the lease ID", wait, ans.code, ans.msg)
+				[]byte(`{"scope":"`+scope+`","holder":"B","request_id":"`+id+`"}`))
+			if ans.code != "aborted" || !strings.Contains(ans.msg, "is held by") || strings.Contains(ans.msg, secret.String()) {
+				t.Errorf("B with request ID %q: %s %q; want aborted, held, as with any request ID", id, ans.code, ans.msg)
 			}
 		}
 		if diff := cmp.Diff(before, in.snapshot(t, scope)); diff != "" {
-			t.Errorf("the refused replay changed the state (-before +after):\n%s", diff)
+			t.Errorf("B's refused acquires changed the state (-before +after):\n%s", diff)
+		}
+	}
+	// ownGrant: B, granted with A's request ID, has a lease of its own.
+	ownGrant := func(t *testing.T, lb fence.Lease, err error, of fence.Lease) {
+		t.Helper()
+		if err != nil || lb.Holder != "B" || lb.ID == of.ID || lb.Token != of.Token+1 {
+			t.Errorf("B with A's request ID: %+v, %v; want a lease of B's own, token %d", lb, err, of.Token+1)
 		}
 	}
 
@@ -267,12 +272,28 @@ func TestReplayedRequestID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		refused(t, "orders", "R", la.ID)
-		refused(t, "orders", "R", la.ID, client.WithWait())
+		heldForB(t, "orders", "R", la.ID)
 		again, err := a.Grant(ctx, "orders", client.WithRequestID("R"))
 		if err != nil || again.ID != la.ID || again.Token != la.Token {
 			t.Errorf("A's retry = %+v, %v; want A's grant %v token %d", again, err, la.ID, la.Token)
 		}
+		// Waiting, B queues behind A as anyone would, and is granted its
+		// own lease once A releases.
+		type granted struct {
+			l   fence.Lease
+			err error
+		}
+		gb := make(chan granted, 1)
+		go func() {
+			l, err := b.Grant(ctx, "orders", client.WithRequestID("R"), client.WithWait())
+			gb <- granted{l, err}
+		}()
+		awaitWaiters(ctx, t, a, "orders", 1)
+		if _, err := a.Release(ctx, "orders", la.ID); err != nil {
+			t.Fatal(err)
+		}
+		g := <-gb
+		ownGrant(t, g.l, g.err, la)
 	})
 	t.Run("while A waits", func(t *testing.T) {
 		lc, err := other.Grant(ctx, "billing")
@@ -287,17 +308,8 @@ func TestReplayedRequestID(t *testing.T) {
 			}
 			granted <- l
 		}()
-		for i := 0; ; i++ { // until A is in line
-			st, err := a.Get(ctx, "billing")
-			if err != nil || i == 2000 {
-				t.Fatalf("A never queued: %+v, %v", st, err)
-			}
-			if st.Waiters == 1 {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		refused(t, "billing", "Q", fence.LeaseID{})
+		awaitWaiters(ctx, t, a, "billing", 1)
+		heldForB(t, "billing", "Q", fence.LeaseID{})
 		if _, err := other.Release(ctx, "billing", lc.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -305,7 +317,7 @@ func TestReplayedRequestID(t *testing.T) {
 		if la.Holder != "A" || la.Token != lc.Token+1 {
 			t.Errorf("A was granted %+v; want A with token %d", la, lc.Token+1)
 		}
-		refused(t, "billing", "Q", la.ID)
+		heldForB(t, "billing", "Q", la.ID)
 	})
 	t.Run("after A released", func(t *testing.T) {
 		la, err := a.Grant(ctx, "audit", client.WithRequestID("P"))
@@ -315,8 +327,27 @@ func TestReplayedRequestID(t *testing.T) {
 		if _, err := a.Release(ctx, "audit", la.ID); err != nil {
 			t.Fatal(err)
 		}
-		refused(t, "audit", "P", la.ID)
+		lb, err := b.Grant(ctx, "audit", client.WithRequestID("P"))
+		ownGrant(t, lb, err, la)
+		if again, err := a.Grant(ctx, "audit", client.WithRequestID("P")); !errors.Is(err, fence.ErrLeaseLost) {
+			t.Errorf("A's retry after its release = %+v, %v; want lost", again, err)
+		}
 	})
+}
+
+// awaitWaiters polls until scope has n acquires waiting in line.
+func awaitWaiters(ctx context.Context, t *testing.T, c *client.Client, scope string, n int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		st, err := c.Get(ctx, scope)
+		if err != nil || i == 2000 {
+			t.Fatalf("%d waiting in %s never: %+v, %v", n, scope, st, err)
+		}
+		if st.Waiters == n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestLeaseIDOfAnotherScope: a lease ID of one scope renews and releases
