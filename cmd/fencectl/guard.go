@@ -56,10 +56,14 @@ so Go and other writers of a scope share one mark.
   postgres://USER:PASSWORD@HOST:PORT/DB   the table fence_tokens, the functions
                                           fence_advance(scope, token, seq) and
                                           fence_row_token() (a trigger function),
-                                          in the schema search_path names first
+                                          in the schema search_path names first:
+                                          give it one of its own and call
+                                          SCHEMA.fence_advance with bigint
+                                          arguments (docs/protocol.md)
   mysql://USER:PASSWORD@HOST:PORT/DB      the table fence_tokens and the
                                           procedures fence_advance(scope, token,
-                                          seq) and fence_row_token(scope, old, new)
+                                          seq), fence_row_token(scope, old, new),
+                                          fence_row_insert and fence_row_delete
   redis://[:PASSWORD@]HOST:PORT[/DB]      the Redis 7 function library ` + redisguard.LibraryName + `:
                                           fence_set, fence_del, fence_hset,
                                           fence_incrby
@@ -139,6 +143,7 @@ func parseGuardTarget(raw string) (*guardTarget, error) {
 			"table fence_tokens (scope, token, seq)",
 			"procedure fence_advance(scope, token, seq)",
 			"procedure fence_row_token(scope, old_token, new_token)",
+			"procedures fence_row_insert(scope, new_token), fence_row_delete(scope, old_token)",
 			"function fence_guard_version() = 1",
 		}
 		dsn, dsnErr := mysqlDSN(u)

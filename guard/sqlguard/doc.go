@@ -108,7 +108,7 @@
 // functions and keeps the marks. In the caller's transaction, before its
 // writes:
 //
-//	SELECT fence_advance('orders', 42);       -- PostgreSQL; seq is an optional third argument
+//	SELECT fence.fence_advance('orders', 42::bigint); -- PostgreSQL, installed in schema fence; seq is an optional third argument
 //	CALL fence_advance('orders', 42, 0);      -- MySQL: scope, token, sequence (0: none)
 //
 // A stale token fails with SQLSTATE FN409 (on MySQL, error 1644): on
@@ -117,11 +117,23 @@
 // highest_seq=R"; on MySQL the message holds the same fields, scope last,
 // cut at 128 characters. A malformed argument fails with FN400. MySQL
 // keeps the transaction open after an error: the caller must roll it back.
-// For row tokens, fence_row_token refuses an update that lowers a row's
-// fence_token (FN409), as UpdateRow would:
+// On PostgreSQL, install into a schema of the guard's own and call the
+// functions by their qualified names with bigint arguments: an unqualified
+// call may find a function of the same name in a schema earlier in the
+// caller's search_path. The functions themselves run with their own
+// schema as search_path.
 //
-//	CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION fence_row_token('orders');
+// For row tokens, fence_row_token refuses an update that lowers a row's
+// fence_token (FN409), as UpdateRow would; attached to inserts and deletes
+// too (on MySQL, fence_row_insert and fence_row_delete), it refuses a
+// delete that does not present a token at least the row's (PostgreSQL: SET
+// LOCAL fence.token; MySQL: @fence_token) and an insert below the mark the
+// scope's deletes left:
+//
+//	CREATE TRIGGER orders_fence BEFORE INSERT OR UPDATE OR DELETE ON orders FOR EACH ROW EXECUTE FUNCTION fence.fence_row_token('orders');
 //	CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW CALL fence_row_token('orders', OLD.fence_token, NEW.fence_token);
+//	CREATE TRIGGER orders_fence_insert BEFORE INSERT ON orders FOR EACH ROW CALL fence_row_insert('orders', NEW.fence_token);
+//	CREATE TRIGGER orders_fence_delete BEFORE DELETE ON orders FOR EACH ROW CALL fence_row_delete('orders', OLD.fence_token);
 //
 // fence_guard_version() returns the scripts' version, 1. The Go Store
 // does not call these functions: it needs no install, and its one

@@ -724,3 +724,101 @@ func TestInDatabaseRefusesBadScopes(t *testing.T) {
 		})
 	}
 }
+
+// TestInDatabaseRowDeleteInsert: with the row-token check on inserts and
+// deletes too, a stale holder can neither delete a newer holder's row nor,
+// once the newer holder deleted it, insert it again with its older token.
+// Fenced by updates alone, it could do both.
+func TestInDatabaseRowDeleteInsert(t *testing.T) {
+	for _, d := range inDBDialects {
+		t.Run(d.String(), func(t *testing.T) {
+			db := newInDB(t, d)
+			triggers := "CREATE TRIGGER orders_fence BEFORE INSERT OR UPDATE OR DELETE ON orders FOR EACH ROW EXECUTE FUNCTION fence_row_token('orders');\n"
+			del := func(token string) string {
+				if token == "" {
+					return "BEGIN;\nDELETE FROM orders WHERE id = 7;\nCOMMIT;\n"
+				}
+				return "BEGIN;\nSET LOCAL fence.token = '" + token + "';\nDELETE FROM orders WHERE id = 7;\nCOMMIT;\n"
+			}
+			if d == sqlguard.MySQL {
+				triggers = "CREATE TRIGGER orders_fence BEFORE UPDATE ON orders FOR EACH ROW CALL fence_row_token('orders', OLD.fence_token, NEW.fence_token);\n" +
+					"CREATE TRIGGER orders_fence_insert BEFORE INSERT ON orders FOR EACH ROW CALL fence_row_insert('orders', NEW.fence_token);\n" +
+					"CREATE TRIGGER orders_fence_delete BEFORE DELETE ON orders FOR EACH ROW CALL fence_row_delete('orders', OLD.fence_token);\n"
+				del = func(token string) string {
+					set := ""
+					if token != "" {
+						set = "SET @fence_token = " + token + ";\n"
+					}
+					return "START TRANSACTION;\n" + set + "DELETE FROM orders WHERE id = 7;\nCOMMIT;\n"
+				}
+			}
+			insert := func(token uint64) error {
+				_, err := db.run(fmt.Sprintf("INSERT INTO orders (id, total, fence_token) VALUES (7, %d, %d);\n", token, token))
+				return err
+			}
+			rows := func() string {
+				return strings.Join(strings.Fields(strings.ReplaceAll(db.mustRun(t, "SELECT id, total, fence_token FROM orders;\n"), "|", " ")), " ")
+			}
+			db.mustRun(t, "CREATE TABLE orders (id INT PRIMARY KEY, total INT NOT NULL, fence_token BIGINT NOT NULL);\n"+triggers)
+			if err := insert(42); err != nil {
+				t.Fatal(err)
+			}
+			db.mustRun(t, "UPDATE orders SET total = 43, fence_token = 43 WHERE id = 7;\n")
+
+			// The holder of 42 deletes 43's row: refused.
+			if _, err := db.run(del("")); err == nil || !strings.Contains(err.Error(), "FN400") {
+				t.Fatalf("a delete without a token: %v; want refused (FN400)", err)
+			}
+			_, err := db.run(del("42"))
+			wantStale(t, err, 42, 43)
+			if got := rows(); got != "7 43 43" {
+				t.Fatalf("after the refused deletes the table holds %q, want 43's row", got)
+			}
+
+			// 43 deletes its row; 42 inserts it again: refused, as is an
+			// insert of another row of the scope with 42.
+			db.mustRun(t, del("43"))
+			wantStale(t, insert(42), 42, 43)
+			if got := rows(); got != "" {
+				t.Fatalf("after 43's delete and 42's insert the table holds %q, want nothing", got)
+			}
+			if err := insert(44); err != nil {
+				t.Fatalf("an insert by a newer holder: %v", err)
+			}
+			if got := rows(); got != "7 44 44" {
+				t.Fatalf("the table holds %q, want 44's row", got)
+			}
+			if m := mark(t, newStore(t, db.src.open(t), d, quiet), "orders"); m != 43 {
+				t.Fatalf("the scope's mark %d, want 43, from the delete", m)
+			}
+		})
+	}
+}
+
+// TestInDatabaseSearchPathShadow: a role that can create in a schema
+// earlier in a writer's search_path makes a table fence_tokens there (and a
+// fence_advance(text, integer, integer), which an unqualified call with
+// integer arguments would pick). The writer's qualified call still checks
+// the guard's own table, and refuses a stale token: the function's
+// search_path is its own schema. Before, its unqualified fence_tokens was
+// the other role's table, in which every token passed.
+func TestInDatabaseSearchPathShadow(t *testing.T) {
+	db := newInDB(t, sqlguard.Postgres)
+	guardSchema := db.mustRun(t, "SELECT current_schema();\n")
+	evil := guardSchema + "_evil"
+	admin := db.src.open(t)
+	mustExec(t, admin, "CREATE SCHEMA "+evil)
+	t.Cleanup(func() { admin.Exec("DROP SCHEMA " + evil + " CASCADE") })
+	mustExec(t, admin, "CREATE TABLE "+evil+".fence_tokens (scope varchar(256) PRIMARY KEY, token bigint NOT NULL, seq bigint NOT NULL)")
+	mustExec(t, admin, "CREATE FUNCTION "+evil+".fence_advance(scope text, token integer, seq integer DEFAULT 0) RETURNS void LANGUAGE sql AS 'SELECT NULL'")
+
+	call := func(token uint64) string {
+		return fmt.Sprintf("SELECT %s.fence_advance('x', %d::bigint);\n", guardSchema, token)
+	}
+	db.mustRun(t, call(10))
+	_, err := db.run("SET search_path = " + evil + ", " + guardSchema + ";\n" + call(5))
+	wantStale(t, err, 5, 10)
+	if n := db.mustRun(t, "SELECT count(*) FROM "+evil+".fence_tokens;\n"); n != "0" {
+		t.Fatalf("the other role's fence_tokens has %s rows, want none", n)
+	}
+}

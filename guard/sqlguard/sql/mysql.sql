@@ -28,6 +28,8 @@ CREATE FUNCTION fence_guard_version() RETURNS INT DETERMINISTIC RETURN 1;
 
 DROP PROCEDURE IF EXISTS fence_advance;
 DROP PROCEDURE IF EXISTS fence_row_token;
+DROP PROCEDURE IF EXISTS fence_row_insert;
+DROP PROCEDURE IF EXISTS fence_row_delete;
 
 DELIMITER //
 
@@ -95,6 +97,59 @@ BEGIN
   END IF;
   IF p_new < p_old THEN
     SET v_msg = LEFT(CONCAT('stale fencing token: presented_token=', p_new, ' highest_token=', p_old,
+      ' scope=', p_scope), 128);
+    SIGNAL SQLSTATE 'FN409' SET MESSAGE_TEXT = v_msg;
+  END IF;
+END//
+
+-- fence_row_insert(scope, new) and fence_row_delete(scope, old) fence the
+-- inserts and deletes of such a table, so that a stale holder cannot
+-- delete a row and insert it again with its older token:
+--   CREATE TRIGGER orders_fence_insert BEFORE INSERT ON orders FOR EACH ROW
+--     CALL fence_row_insert('orders', NEW.fence_token);
+--   CREATE TRIGGER orders_fence_delete BEFORE DELETE ON orders FOR EACH ROW
+--     CALL fence_row_delete('orders', OLD.fence_token);
+-- Here scope is the scope whose mark they keep. A delete carries no new
+-- row, so the deleter presents its token in the session variable
+-- @fence_token, set just before the DELETE (and set to NULL after it, on a
+-- connection that others use next): without it the delete is refused
+-- (FN400), with one lower than the row's (FN409). An accepted delete
+-- advances the scope's mark (fence_advance), which stays as the row's
+-- tombstone: an insert whose fence_token is lower than the mark is refused
+-- (FN409).
+CREATE PROCEDURE fence_row_delete(IN p_scope VARBINARY(1024), IN p_old BIGINT)
+MODIFIES SQL DATA
+BEGIN
+  DECLARE v_token DECIMAL(65,30);
+  DECLARE v_msg VARCHAR(128);
+  SET v_token = @fence_token;
+  IF v_token IS NULL OR v_token < 1 OR v_token > 9223372036854775807 OR v_token <> FLOOR(v_token) THEN
+    SIGNAL SQLSTATE 'FN400' SET MESSAGE_TEXT = 'fence_row_delete: a delete must present its token, 1 to 9223372036854775807: SET @fence_token = TOKEN';
+  END IF;
+  IF v_token < p_old THEN
+    SET v_msg = LEFT(CONCAT('stale fencing token: presented_token=', CAST(v_token AS UNSIGNED), ' highest_token=', p_old,
+      ' scope=', p_scope), 128);
+    SIGNAL SQLSTATE 'FN409' SET MESSAGE_TEXT = v_msg;
+  END IF;
+  CALL fence_advance(p_scope, v_token, 0);
+END//
+
+CREATE PROCEDURE fence_row_insert(IN p_scope VARBINARY(1024), IN p_new BIGINT)
+MODIFIES SQL DATA
+BEGIN
+  DECLARE v_token BIGINT;
+  DECLARE v_msg VARCHAR(128);
+  IF p_new IS NULL THEN
+    SIGNAL SQLSTATE 'FN400' SET MESSAGE_TEXT = 'fence_row_insert: the insert sets fence_token to NULL';
+  END IF;
+  -- The locking read waits for a delete of this scope under way, and
+  -- reads the mark it left; the insert before it makes the scope's mark
+  -- (at 0, which no token is below) if it is new, waiting for a delete
+  -- that is making it.
+  INSERT INTO fence_tokens (scope, token, seq) VALUES (p_scope, 0, 0) ON DUPLICATE KEY UPDATE token = token;
+  SELECT token INTO v_token FROM fence_tokens WHERE scope = p_scope LOCK IN SHARE MODE;
+  IF p_new < v_token THEN
+    SET v_msg = LEFT(CONCAT('stale fencing token: presented_token=', p_new, ' highest_token=', v_token,
       ' scope=', p_scope), 128);
     SIGNAL SQLSTATE 'FN409' SET MESSAGE_TEXT = v_msg;
   END IF;

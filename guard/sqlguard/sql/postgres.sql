@@ -5,8 +5,16 @@
 --
 -- The marks live in sqlguard's table (Postgres dialect, DefaultTable), so
 -- a Go sqlguard or pgxguard Store and these functions share each scope's
--- mark. Names are unqualified: they resolve by search_path, at install as
--- at every call, like the caller's own SQL.
+-- mark. The table and the functions go into the schema the installer's
+-- search_path names first (current_schema()). Give the guard a schema of
+-- its own, in which only its owner may create, and call the functions by
+-- their qualified names with bigint arguments:
+--   SELECT fence.fence_advance($1::text, $2::bigint, $3::bigint);
+-- An unqualified call, or one with integer arguments, may find another
+-- function of that name that a role with CREATE on a schema earlier in the
+-- caller's search_path made. Each function runs with its search_path set
+-- to its own schema (and pg_temp, last), so the table it reads and writes
+-- is its schema's fence_tokens, whatever the caller's search_path.
 BEGIN;
 SET LOCAL client_min_messages = warning; -- not "relation already exists, skipping"
 
@@ -73,35 +81,88 @@ $$;
 -- fence_row_token() is a trigger function for a table whose rows carry the
 -- token of their last write in a column fence_token bigint, as
 -- sqlguard.UpdateRow writes them. Attached with
---   CREATE TRIGGER orders_fence BEFORE UPDATE ON orders
---     FOR EACH ROW EXECUTE FUNCTION fence_row_token('orders');
+--   CREATE TRIGGER orders_fence BEFORE INSERT OR UPDATE OR DELETE ON orders
+--     FOR EACH ROW EXECUTE FUNCTION fence.fence_row_token('orders');
 -- it refuses (FN409) an update that lowers a row's fence_token, and (FN400)
--- one that sets it to NULL. Its argument names the scope in the error
--- (default: the table's name). A BEFORE ROW trigger sees the row as locked
--- by the update, so concurrent writers compare against each other's
--- committed tokens. An update that leaves fence_token alone passes: every
--- writer must set it.
+-- one that sets it to NULL. Its argument is the scope (default: the
+-- table's name). A BEFORE ROW trigger sees the row as locked by the
+-- update, so concurrent writers compare against each other's committed
+-- tokens. An update that leaves fence_token alone passes: every writer
+-- must set it.
+--
+-- A delete carries no new row, so the deleter presents its token in the
+-- setting fence.token of its transaction (SET LOCAL fence.token = '42'):
+-- without one the delete is refused (FN400), with one lower than the row's
+-- (FN409). An accepted delete advances the scope's mark (fence_advance),
+-- which stays as the row's tombstone: an insert whose fence_token is
+-- lower than the scope's mark is refused (FN409), so a stale
+-- holder cannot delete a row and insert it again with its older token.
+-- Attached BEFORE UPDATE only, as in version 1, it fences updates alone.
 CREATE OR REPLACE FUNCTION fence_row_token() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-  scope text := coalesce(TG_ARGV[0], TG_TABLE_NAME);
+  v_scope text := coalesce(TG_ARGV[0], TG_TABLE_NAME);
+  presented text;
+  deleter bigint;
+  highest bigint;
 BEGIN
-  IF TG_OP <> 'UPDATE' THEN
-    RETURN NEW;
+  IF TG_OP = 'DELETE' THEN
+    presented := nullif(current_setting('fence.token', true), '');
+    IF presented IS NULL OR presented !~ '^[0-9]{1,19}$' THEN
+      RAISE EXCEPTION 'fence_row_token: a delete from % must present its token: SET LOCAL fence.token = ''TOKEN''', TG_TABLE_NAME
+        USING ERRCODE = 'FN400', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
+    END IF;
+    deleter := presented::numeric; -- a value above 2^63-1 fails here
+    IF deleter < OLD.fence_token THEN
+      RAISE EXCEPTION 'stale fencing token for "%": token % was superseded by token %', v_scope, deleter, OLD.fence_token
+        USING ERRCODE = 'FN409',
+          DETAIL = format('scope=%s presented_token=%s highest_token=%s', v_scope, deleter, OLD.fence_token),
+          HINT = 'The lease is lost: stop, and do not retry with this token.',
+          TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA, COLUMN = 'fence_token';
+    END IF;
+    PERFORM fence_advance(v_scope, deleter);
+    RETURN OLD;
   END IF;
   IF NEW.fence_token IS NULL THEN
     RAISE EXCEPTION 'fence_row_token: % sets fence_token to NULL', TG_TABLE_NAME
       USING ERRCODE = 'FN400', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA, COLUMN = 'fence_token';
   END IF;
+  IF TG_OP = 'INSERT' THEN
+    -- The scope's mark is made (at 0, which no token is below) if it is
+    -- new, waiting for a delete that is making it; FOR SHARE waits for a
+    -- delete of this scope under way, and reads the mark it left.
+    INSERT INTO fence_tokens (scope, token, seq) VALUES (v_scope, 0, 0) ON CONFLICT (scope) DO NOTHING;
+    SELECT f.token INTO highest FROM fence_tokens f WHERE f.scope = v_scope FOR SHARE;
+    IF NEW.fence_token < highest THEN
+      RAISE EXCEPTION 'stale fencing token for "%": token % was superseded by token %', v_scope, NEW.fence_token, highest
+        USING ERRCODE = 'FN409',
+          DETAIL = format('scope=%s presented_token=%s highest_token=%s', v_scope, NEW.fence_token, highest),
+          HINT = 'The lease is lost: stop, and do not retry with this token.',
+          TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA, COLUMN = 'fence_token';
+    END IF;
+    RETURN NEW;
+  END IF;
   IF NEW.fence_token < OLD.fence_token THEN
     RAISE EXCEPTION 'stale fencing token for "%": token % was superseded by token %',
-        scope, NEW.fence_token, OLD.fence_token
+        v_scope, NEW.fence_token, OLD.fence_token
       USING ERRCODE = 'FN409',
-        DETAIL = format('scope=%s presented_token=%s highest_token=%s', scope, NEW.fence_token, OLD.fence_token),
+        DETAIL = format('scope=%s presented_token=%s highest_token=%s', v_scope, NEW.fence_token, OLD.fence_token),
         HINT = 'The lease is lost: stop, and do not retry with this token.',
         TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA, COLUMN = 'fence_token';
   END IF;
   RETURN NEW;
+END
+$$;
+
+-- Each function finds its table in its own schema, whatever the caller's
+-- search_path; pg_temp last, so that no temporary table shadows it.
+DO $$
+DECLARE
+  fn text;
+BEGIN
+  FOREACH fn IN ARRAY ARRAY['fence_advance(text, bigint, bigint)', 'fence_row_token()', 'fence_guard_version()'] LOOP
+    EXECUTE format('ALTER FUNCTION %I.%s SET search_path = %I, pg_temp', current_schema(), fn, current_schema());
+  END LOOP;
 END
 $$;
 
