@@ -145,9 +145,11 @@ member, and prints the members after the change. Start that node first
 (fenced --node-id ID --raft-listen ...) without --bootstrap; a node started
 with --join asks to be added by itself.
 
-Adding a member again at the same Raft address only updates its API
-address. An ID that was removed is refused for good: a removed node rejoins
-under a new ID with an empty data directory.
+Adding a member again at its addresses changes nothing; at other addresses
+it is refused, unless the node itself asks, authenticated as itself (with
+auth on, as it does when it joins again after a move). An ID that was
+removed is refused for good: a removed node rejoins under a new ID with an
+empty data directory.
 
 With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
 "fencectl cluster status" prints it.`,

@@ -121,6 +121,12 @@ func (a *Auth) Allowed(ctx context.Context, op, scope string) error {
 	return nil
 }
 
+// IsNode reports whether id is one of the cluster's nodes. A nil Auth
+// (auth off) knows no identity, so no node. It is safe for concurrent use.
+func (a *Auth) IsNode(id string) bool {
+	return a != nil && id != "" && slices.Contains(a.Nodes, id)
+}
+
 // tokenIdentity looks the bearer token up by its SHA-256. Looking up a
 // digest leaks nothing useful through timing: a caller cannot steer it
 // byte by byte toward a stored one.

@@ -22,6 +22,7 @@ import (
 
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/testcerts"
 )
 
@@ -480,5 +481,62 @@ func TestRequestIDIsBoundToTheIdentity(t *testing.T) {
 	again, err := acquire(a, "worker", "nightly")
 	if err != nil || again.LeaseId != la.LeaseId || again.Token != la.Token {
 		t.Errorf("Alice's retry: %v, %v; want her grant, token %d", again, err, la.Token)
+	}
+}
+
+// TestOnlyANodeMovesItself: with auth on, a member's addresses change only
+// when that node asks, authenticated as itself (as it does when it rejoins
+// after a move); neither another node nor an operator allowed "cluster"
+// may point them elsewhere, directly or through a follower.
+func TestOnlyANodeMovesItself(t *testing.T) {
+	dir := t.TempDir()
+	clusterCA, clientCA := testcerts.NewCA(t, "cluster CA"), testcerts.NewCA(t, "client CA")
+	nodes := startTLSCluster(t, dir, clusterCA, clientCA, writeMatrixAuth(t, dir, "n1", "n2", "n3"), "n1", "n2", "n3")
+	addNode := func(to *Server, cert tls.Certificate, id, api string) error {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: clusterCA.Pool(), Certificates: []tls.Certificate{cert}}, Protocols: new(http.Protocols)}
+		tr.Protocols.SetHTTP2(true)
+		defer tr.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var raftAddr string
+		for _, n := range nodes {
+			if n.cfg.NodeID == id {
+				raftAddr = n.node.RaftAddr()
+			}
+		}
+		_, err := fencev1connect.NewClusterServiceClient(&http.Client{Transport: tr}, "https://"+to.Addr()).AddNode(ctx,
+			connect.NewRequest(&fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: api}))
+		return err
+	}
+	recorded := func(id string) string {
+		var api string
+		nodes[0].node.Read(func(st *fsm.State) { api = st.Nodes()[id] })
+		return api
+	}
+	leader, follower := nodes[0], nodes[2]
+	for _, by := range []struct {
+		name string
+		cert tls.Certificate
+	}{{"node n3", clusterCA.Issue(t, "n3")}, {"operator admin", clientCA.Issue(t, "admin")}} {
+		for _, to := range []*Server{leader, follower} {
+			for _, id := range []string{"n1", "n2"} {
+				before := recorded(id)
+				err := addNode(to, by.cert, id, "127.0.0.1:9")
+				if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "only that node changes them") {
+					t.Errorf("%s moving %s's API address, at %s: %v; want invalid_argument, only that node", by.name, id, to.cfg.NodeID, err)
+				}
+				if after := recorded(id); after != before {
+					t.Errorf("%s moved %s's API address from %s to %s", by.name, id, before, after)
+				}
+			}
+		}
+	}
+	// n2 moves itself, through a follower; the record follows.
+	moved := nodes[1].Addr()
+	if err := addNode(follower, clusterCA.Issue(t, "n2"), "n2", "127.0.0.1:9"); err != nil || recorded("n2") != "127.0.0.1:9" {
+		t.Errorf("n2 moving itself: %v, recorded %s; want 127.0.0.1:9", err, recorded("n2"))
+	}
+	if err := addNode(leader, clusterCA.Issue(t, "n2"), "n2", moved); err != nil || recorded("n2") != moved {
+		t.Errorf("n2 moving itself back: %v, recorded %s; want %s", err, recorded("n2"), moved)
 	}
 }

@@ -271,6 +271,9 @@ func (c cluster) AddNode(ctx context.Context, req *connect.Request[fencev1.AddNo
 	if err := c.s.checkReady(); err != nil {
 		return nil, wire.ToConnect(err)
 	}
+	if err := c.s.checkMove(ctx, m); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	if err := c.s.node.AddVoter(ctx, m.Id, m.RaftAddr, m.ApiAddr); err != nil {
 		return nil, wire.ToConnect(err)
 	}
@@ -280,6 +283,39 @@ func (c cluster) AddNode(ctx context.Context, req *connect.Request[fencev1.AddNo
 		return nil, wire.ToConnect(err)
 	}
 	return connect.NewResponse(&fencev1.AddNodeResponse{Nodes: c.s.nodes(st)}), nil
+}
+
+// checkMove refuses to add a member again at other addresses, unless the
+// node itself asks, authenticated as that node. Followers forward every
+// call to the leader at the API address recorded for it, and the Raft
+// address is where a voter's log and votes come from: an AddNode of an
+// existing ID that rewrote them (a member passes the reachability check)
+// let anyone with auth off, or any operator or node allowed "cluster",
+// point the followers at a proxy and read the lease IDs of forwarded
+// acquires and renewals, or cut them off. A node's addresses come from the
+// node: the leader records its own on taking office, and a member that
+// moved rejoins under its own certificate. Adding a member again at its
+// addresses changes nothing and is allowed, as a restart's join does.
+func (s *Server) checkMove(ctx context.Context, m *fencev1.AddNodeRequest) error {
+	st, err := s.node.Status()
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(st.Servers, func(sv raftnode.Server) bool { return sv.ID == m.Id })
+	if i < 0 {
+		return nil // a new member
+	}
+	var api string
+	s.node.Read(func(fs *fsm.State) { api = fs.Nodes()[m.Id] })
+	if st.Servers[i].RaftAddr == m.RaftAddr && api == m.ApiAddr {
+		return nil
+	}
+	if id := authz.Identity(ctx); id == m.Id && s.auth.IsNode(id) {
+		return nil // the node itself, moved
+	}
+	return &fence.InvalidError{Field: "id", Reason: fmt.Sprintf(
+		"%q is a member with Raft address %s and API address %q; only that node changes them, when it joins again authenticated as itself (auth on, its certificate of the cluster CA); to move it otherwise, remove it and add it under a new ID",
+		m.Id, st.Servers[i].RaftAddr, api)}
 }
 
 // RemoveNode implements fence.v1.ClusterService.RemoveNode.

@@ -51,6 +51,60 @@ func TestAddNodeRefusesAnAbsentNode(t *testing.T) {
 	})
 }
 
+// TestAddNodeKeepsAMembersAddresses: with auth off, AddNode of a member
+// at another API or Raft address is refused and changes nothing; it once
+// rewrote the leader's API address, so that followers forwarded every call
+// (with the lease IDs of acquires and renewals) to whatever answered there.
+// Adding a member again at its own addresses, as a restart's join does,
+// is still allowed.
+func TestAddNodeKeepsAMembersAddresses(t *testing.T) {
+	ctx := testContext(t)
+	leader, follower := startPair(ctx, t)
+	c := newClient(t, follower.Addr())
+	st, err := c.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftAddr := map[string]string{}
+	for _, n := range st.Nodes {
+		raftAddr[n.ID] = n.RaftAddr
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	proxy := ln.Addr().String() // answers, as the prober's proxy would
+
+	for _, move := range []struct{ id, raft, api string }{
+		{"n1", raftAddr["n1"], proxy},
+		{"n2", raftAddr["n2"], proxy},
+		{"n1", proxy, leader.Addr()},
+	} {
+		_, err := c.AddNode(ctx, move.id, move.raft, move.api)
+		var inv *fence.InvalidError
+		if !errors.As(err, &inv) || !strings.Contains(inv.Reason, "only that node changes them") {
+			t.Errorf("AddNode(%s, raft %s, api %s): %v; want invalid, a member's addresses kept", move.id, move.raft, move.api, err)
+		}
+	}
+	st, err = c.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range st.Nodes {
+		want := map[string]string{"n1": leader.Addr(), "n2": follower.Addr()}[n.ID]
+		if n.APIAddr != want || n.RaftAddr != raftAddr[n.ID] {
+			t.Errorf("after the refusals, %s is at api %s, raft %s; want api %s, raft %s", n.ID, n.APIAddr, n.RaftAddr, want, raftAddr[n.ID])
+		}
+	}
+	if _, err := c.Grant(ctx, "through-the-follower"); err != nil {
+		t.Errorf("a grant through the follower after the refusals: %v", err)
+	}
+	if _, err := c.AddNode(ctx, "n2", raftAddr["n2"], follower.Addr()); err != nil {
+		t.Errorf("adding n2 again at its own addresses: %v", err)
+	}
+}
+
 // TestRenewalCommitsInACluster: in a cluster a renewal is confirmed only
 // once an entry appended after it arrived has committed at a quorum, which
 // only answers to appends sent after it can do; Raft's VerifyLeader would
