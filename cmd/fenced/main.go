@@ -76,6 +76,7 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	fs.StringVar(&cfg.Advertise, "advertise", "", "API address peers forward requests to (default: the address --listen bound)")
 	fs.StringVar(&cfg.RaftListen, "raft-listen", "", "Raft address, for a node of a cluster (default: none, a single node that never has peers)")
 	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default: --raft-listen)")
+	fs.StringVar(&cfg.Restore, "restore", "", "start a new one-voter cluster from this backup file (fencectl backup, or a snapshot's state.bin); the data directory must be empty; the restored node's tokens start above its wall clock (the token floor)")
 	fs.BoolVar(&cfg.Bootstrap, "bootstrap", false, "start a new cluster with this node as its only voter (first start of the first node only)")
 	join := fs.String("join", "", "comma-separated API addresses of cluster members to ask to add this node")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", 500*time.Millisecond, "how long followers wait to hear from the leader before electing another")

@@ -293,27 +293,35 @@ func (h *history) startAfterFault(t *testing.T, dir string) bool {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	c2 := newClient(t, addr, client.WithRetryTimeout(10*time.Second))
+	h.checkAbove(t, newClient(t, addr, client.WithRetryTimeout(10*time.Second)), p.log)
+	p.stop(t)
+	return true
+}
+
+// checkAbove grants each of the history's scopes twice through c, waiting
+// in line where a lease holds it (one the history left held, or one a
+// fault brought back, a lost release or a flipped lease ID, holds its
+// scope until its TTL runs out on the new leader), and checks that every
+// token is above every token the history acknowledged. log is the
+// process's log, shown when a grant fails.
+func (h *history) checkAbove(t *testing.T, c *client.Client, log string) {
+	t.Helper()
 	for i := range 2 * len(historyScopes) {
 		scope := historyScopes[i%len(historyScopes)]
-		// A flipped lease ID can leave a ghost lease that holds a scope
-		// until its TTL runs out on the new leader: wait it out.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		l, err := c2.Grant(ctx, scope, client.WithTTL(time.Minute), client.WithWait())
+		l, err := c.Grant(ctx, scope, client.WithTTL(time.Minute), client.WithWait())
 		cancel()
 		if err != nil {
-			log, _ := os.ReadFile(p.log)
-			t.Fatalf("after the fault, grant %s: %v\n%s", scope, err, tail(log, 4000))
+			b, _ := os.ReadFile(log)
+			t.Fatalf("grant %s: %v\n%s", scope, err, tail(b, 4000))
 		}
 		if h.acked[l.Token] || l.Token <= h.highest {
-			t.Fatalf("after the fault, %s granted token %d; the history acknowledged up to %d (issued again: %v)", scope, l.Token, h.highest, h.acked[l.Token])
+			t.Fatalf("%s granted token %d; up to %d was acknowledged before (issued again: %v)", scope, l.Token, h.highest, h.acked[l.Token])
 		}
-		if _, err := c2.Release(context.Background(), scope, l.ID); err != nil {
+		if _, err := c.Release(context.Background(), scope, l.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p.stop(t)
-	return true
 }
 
 // walFiles returns the raft-wal segment files of dir, oldest first.
@@ -517,15 +525,69 @@ func TestClusterRestoredFromBackup(t *testing.T) {
 		c.start(nd)
 	}
 	c.leader()
-	cl := newClient(t, c.addrs(), client.WithRetryTimeout(30*time.Second))
-	for i := range 2 * len(historyScopes) {
-		scope := historyScopes[i%len(historyScopes)]
-		tok, err := cycle(context.Background(), cl, scope)
-		if err != nil {
-			t.Fatal(err)
+	h.checkAbove(t, newClient(t, c.addrs(), client.WithRetryTimeout(30*time.Second)), c.leader().p.log)
+}
+
+// TestRestoreFromBackup: --restore starts a new node from a backup (here a
+// snapshot's state.bin, as an operator copies it) taken while the service
+// went on granting: the leases the backup holds are held again with their
+// tokens, and every new token is above every token acknowledged, after the
+// backup included. A damaged backup, or a data directory that holds Raft
+// state already, is refused, saying why.
+func TestRestoreFromBackup(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := startFenced(t, dir, addr, historyArgs...)
+	c := newClient(t, addr, client.WithRetryTimeout(10*time.Second))
+	kept, err := c.Grant(context.Background(), "kept", client.WithTTL(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &history{acked: map[uint64]bool{}}
+	h.grant(t, addr, 1500) // enough for a snapshot
+	p.stop(t)
+	snaps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*", "state.bin"))
+	if len(snaps) == 0 {
+		t.Fatal("no snapshot was taken")
+	}
+	backup := filepath.Join(t.TempDir(), "fence.backup")
+	if out, err := exec.Command("cp", snaps[len(snaps)-1], backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	p = startFenced(t, dir, addr, historyArgs...)
+	h.grant(t, addr, 500)
+	p.kill(t)
+
+	restored, raddr := t.TempDir(), freeAddr(t)
+	rp := startFenced(t, restored, raddr, "--restore", backup)
+	rc := newClient(t, raddr, client.WithRetryTimeout(10*time.Second))
+	st, err := rc.Get(context.Background(), "kept")
+	if err != nil || st.Lease == nil || st.Lease.Token != kept.Token {
+		t.Fatalf("kept after the restore: %+v, %v; want held with token %d", st, err, kept.Token)
+	}
+	h.checkAbove(t, rc, rp.log)
+
+	refused := func(dir, backup, want string) {
+		t.Helper()
+		p := spawn(t, dir, freeAddr(t), "--restore", backup)
+		select {
+		case <-p.exit:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("fenced --restore %s still runs after 20s; want a refusal", backup)
 		}
-		if h.acked[tok] || tok <= h.highest {
-			t.Fatalf("the restored cluster granted %s token %d; %d was acknowledged before (issued again: %v)", scope, tok, h.highest, h.acked[tok])
+		log, _ := os.ReadFile(p.log)
+		if p.cmd.ProcessState.ExitCode() == 0 || !strings.Contains(string(log), want) {
+			t.Errorf("fenced --restore %s: %v, want a refusal saying %q:\n%s", backup, p.cmd.ProcessState, want, tail(log, 2000))
 		}
 	}
+	refused(dir, backup, "already holds Raft state")
+	damaged := filepath.Join(t.TempDir(), "damaged.backup")
+	b, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x5a
+	if err := os.WriteFile(damaged, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused(t.TempDir(), damaged, "restore "+damaged)
 }

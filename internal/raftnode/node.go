@@ -68,6 +68,11 @@ type Config struct {
 	// cluster. Without it, a TCP node with no state waits to be added by
 	// the leader. A node without RaftListen always bootstraps.
 	Bootstrap bool
+	// Restore, when set, is a backup of the lease state (a snapshot as
+	// fsm.Frozen.WriteTo writes it: `fencectl backup`, or a snapshot's
+	// state.bin) to start a new one-voter cluster from, in place of an
+	// empty state. The data directory must hold no Raft state.
+	Restore string
 	// HeartbeatTimeout and ElectionTimeout tune failure detection; zero
 	// means 500ms, which suits a LAN.
 	HeartbeatTimeout, ElectionTimeout time.Duration
@@ -217,8 +222,15 @@ func Open(cfg Config) (*Node, error) {
 	if err := checkNewestSnapshot(snaps, cfg.DataDir); err != nil {
 		return fail(err)
 	}
-	if !existing && cfg.Bootstrap {
-		boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
+	boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
+	switch {
+	case cfg.Restore != "" && existing:
+		return fail(fmt.Errorf("raftnode: restore %s: %s already holds Raft state; restore into a new, empty data directory", cfg.Restore, cfg.DataDir))
+	case cfg.Restore != "":
+		if err := restoreBackup(cfg.Restore, store, snaps, boot, trans); err != nil {
+			return fail(err)
+		}
+	case !existing && cfg.Bootstrap:
 		if err := raft.BootstrapCluster(rc, store, store, snaps, trans, boot); err != nil {
 			return fail(fmt.Errorf("bootstrap: %w", err))
 		}

@@ -32,6 +32,11 @@ type Config struct {
 	// Bootstrap makes a node with an empty data directory a new one-voter
 	// cluster (a node without RaftListen always is one).
 	Bootstrap bool
+	// Restore, when set, is a backup (`fencectl backup`, or a snapshot's
+	// state.bin) that a node with an empty data directory starts a new
+	// one-voter cluster from. Its tokens need no number: it takes office
+	// above the token floor.
+	Restore string
 	// Join lists API addresses of cluster members to ask to add this node.
 	Join []string
 	// ElectionTimeout is how long followers wait for the leader before an
@@ -181,6 +186,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err
+	}
+	if c.Restore != "" && len(c.Join) > 0 {
+		return errors.New("give --restore (start a new cluster from a backup) or --join (enter an existing one), not both")
 	}
 	if c.RaftListen == "" {
 		if c.Bootstrap || len(c.Join) > 0 || c.RaftAdvertise != "" {

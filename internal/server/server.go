@@ -142,6 +142,7 @@ func Start(cfg Config) (*Server, error) {
 		RaftListen:        cfg.RaftListen,
 		RaftAdvertise:     cfg.RaftAdvertise,
 		Bootstrap:         cfg.Bootstrap,
+		Restore:           cfg.Restore,
 		HeartbeatTimeout:  cfg.ElectionTimeout,
 		ElectionTimeout:   cfg.ElectionTimeout,
 		SnapshotThreshold: cfg.SnapshotThreshold,
