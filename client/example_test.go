@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -222,4 +223,24 @@ func ExampleClient_Close() {
 	// lease on "orders" with token 1 is lost: its client was closed
 	// true
 	// fence:v1:orders:2
+}
+
+func ExampleClient_Backup() {
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, "orders", client.WithHolder("worker-1")); err != nil {
+		log.Fatal(err)
+	}
+
+	// In production: a file of its owner's only, for fenced --restore.
+	var backup bytes.Buffer
+	n, err := c.Backup(ctx, &backup)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(n > 0, int64(backup.Len()) == n)
+	// Output: true true
 }

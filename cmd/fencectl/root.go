@@ -160,6 +160,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newClusterCmd(),
 		a.newTokenCmd(),
 		a.newGuardCmd(),
+		a.newBackupCmd(),
 	)
 	return root
 }

@@ -168,6 +168,10 @@ func (n *Node) raiseFormat(ctx context.Context) {
 // (a Barrier), or it may raise the format a second time. It is safe for
 // concurrent use.
 func (n *Node) RaiseFormat(ctx context.Context) error {
+	// The office and the loop of raiseFormat may both try at once: one
+	// raises, the other finds it raised.
+	n.raising.Lock()
+	defer n.raising.Unlock()
 	if n.Format() >= fsm.LogFormat {
 		return nil
 	}

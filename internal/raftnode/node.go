@@ -119,7 +119,8 @@ type Node struct {
 	mu    sync.RWMutex // guards state
 	state *fsm.State
 	// format is the state's log format as of its last change (Format).
-	format atomic.Int64
+	format  atomic.Int64
+	raising sync.Mutex // held by RaiseFormat
 
 	// calls is held for reading from the start of every Raft operation
 	// until its future has answered, and for writing by Close: Raft never

@@ -288,6 +288,20 @@ func checkAuthorizationMatrix(t *testing.T, addr string, roots *x509.CertPool, c
 			check("Status", err, row.cluster)
 			_, err = cluster.RotateSigningKey(ctx, connect.NewRequest(&fencev1.RotateSigningKeyRequest{}))
 			check("RotateSigningKey", err, row.cluster)
+			// A backup holds every lease ID and signing key: "cluster" only.
+			if backup, err := cluster.Backup(ctx, connect.NewRequest(&fencev1.BackupRequest{})); err != nil {
+				check("Backup", err, row.cluster)
+			} else {
+				got := 0
+				for backup.Receive() {
+					got += len(backup.Msg().Chunk)
+				}
+				check("Backup", backup.Err(), row.cluster)
+				if row.cluster != 0 && got > 0 {
+					t.Errorf("Backup: an unauthorized caller received %d bytes of the lease state", got)
+				}
+				backup.Close()
+			}
 			// Past authorization, these two fail validation: adding or
 			// removing a real member would change the test's cluster.
 			want := row.cluster

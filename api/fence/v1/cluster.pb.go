@@ -25,6 +25,87 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type BackupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_fence_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+type BackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the snapshot; the stream's end is the snapshot's.
+	Chunk         []byte `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupResponse) Reset() {
+	*x = BackupResponse{}
+	mi := &file_fence_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupResponse) ProtoMessage() {}
+
+func (x *BackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
+func (*BackupResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BackupResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
 type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -43,7 +124,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[0]
+	mi := &file_fence_v1_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -55,7 +136,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[0]
+	mi := &file_fence_v1_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -68,7 +149,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Node) GetId() string {
@@ -114,7 +195,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[1]
+	mi := &file_fence_v1_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -126,7 +207,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[1]
+	mi := &file_fence_v1_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -139,7 +220,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 type StatusResponse struct {
@@ -158,7 +239,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[2]
+	mi := &file_fence_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -170,7 +251,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[2]
+	mi := &file_fence_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -183,7 +264,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StatusResponse) GetNodes() []*Node {
@@ -239,7 +320,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[3]
+	mi := &file_fence_v1_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -251,7 +332,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[3]
+	mi := &file_fence_v1_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -264,7 +345,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AddNodeRequest) GetId() string {
@@ -297,7 +378,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[4]
+	mi := &file_fence_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +390,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[4]
+	mi := &file_fence_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +403,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AddNodeResponse) GetNodes() []*Node {
@@ -341,7 +422,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[5]
+	mi := &file_fence_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +434,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[5]
+	mi := &file_fence_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +447,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RemoveNodeRequest) GetId() string {
@@ -385,7 +466,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[6]
+	mi := &file_fence_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +478,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[6]
+	mi := &file_fence_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +491,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RemoveNodeResponse) GetNodes() []*Node {
@@ -428,7 +509,7 @@ type RotateSigningKeyRequest struct {
 
 func (x *RotateSigningKeyRequest) Reset() {
 	*x = RotateSigningKeyRequest{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[7]
+	mi := &file_fence_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +521,7 @@ func (x *RotateSigningKeyRequest) String() string {
 func (*RotateSigningKeyRequest) ProtoMessage() {}
 
 func (x *RotateSigningKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[7]
+	mi := &file_fence_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +534,7 @@ func (x *RotateSigningKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateSigningKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateSigningKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 type RotateSigningKeyResponse struct {
@@ -470,7 +551,7 @@ type RotateSigningKeyResponse struct {
 
 func (x *RotateSigningKeyResponse) Reset() {
 	*x = RotateSigningKeyResponse{}
-	mi := &file_fence_v1_cluster_proto_msgTypes[8]
+	mi := &file_fence_v1_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +563,7 @@ func (x *RotateSigningKeyResponse) String() string {
 func (*RotateSigningKeyResponse) ProtoMessage() {}
 
 func (x *RotateSigningKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_cluster_proto_msgTypes[8]
+	mi := &file_fence_v1_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +576,7 @@ func (x *RotateSigningKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateSigningKeyResponse.ProtoReflect.Descriptor instead.
 func (*RotateSigningKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RotateSigningKeyResponse) GetKeyId() string {
@@ -516,7 +597,10 @@ var File_fence_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x16fence/v1/cluster.proto\x12\bfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n" +
+	"\x16fence/v1/cluster.proto\x12\bfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0f\n" +
+	"\rBackupRequest\"&\n" +
+	"\x0eBackupResponse\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\"z\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1b\n" +
@@ -545,13 +629,14 @@ const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\x18RotateSigningKeyResponse\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x129\n" +
 	"\n" +
-	"signs_from\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tsignsFrom2\xb6\x02\n" +
+	"signs_from\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tsignsFrom2\xf5\x02\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x03\x90\x02\x01\x12>\n" +
 	"\aAddNode\x12\x18.fence.v1.AddNodeRequest\x1a\x19.fence.v1.AddNodeResponse\x12G\n" +
 	"\n" +
 	"RemoveNode\x12\x1b.fence.v1.RemoveNodeRequest\x1a\x1c.fence.v1.RemoveNodeResponse\x12Y\n" +
-	"\x10RotateSigningKey\x12!.fence.v1.RotateSigningKeyRequest\x1a\".fence.v1.RotateSigningKeyResponseB1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
+	"\x10RotateSigningKey\x12!.fence.v1.RotateSigningKeyRequest\x1a\".fence.v1.RotateSigningKeyResponse\x12=\n" +
+	"\x06Backup\x12\x17.fence.v1.BackupRequest\x1a\x18.fence.v1.BackupResponse0\x01B1Z/github.com/fence-dev/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_cluster_proto_rawDescOnce sync.Once
@@ -565,37 +650,41 @@ func file_fence_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_fence_v1_cluster_proto_rawDescData
 }
 
-var file_fence_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_fence_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_fence_v1_cluster_proto_goTypes = []any{
-	(*Node)(nil),                     // 0: fence.v1.Node
-	(*StatusRequest)(nil),            // 1: fence.v1.StatusRequest
-	(*StatusResponse)(nil),           // 2: fence.v1.StatusResponse
-	(*AddNodeRequest)(nil),           // 3: fence.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),          // 4: fence.v1.AddNodeResponse
-	(*RemoveNodeRequest)(nil),        // 5: fence.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),       // 6: fence.v1.RemoveNodeResponse
-	(*RotateSigningKeyRequest)(nil),  // 7: fence.v1.RotateSigningKeyRequest
-	(*RotateSigningKeyResponse)(nil), // 8: fence.v1.RotateSigningKeyResponse
-	(*timestamppb.Timestamp)(nil),    // 9: google.protobuf.Timestamp
+	(*BackupRequest)(nil),            // 0: fence.v1.BackupRequest
+	(*BackupResponse)(nil),           // 1: fence.v1.BackupResponse
+	(*Node)(nil),                     // 2: fence.v1.Node
+	(*StatusRequest)(nil),            // 3: fence.v1.StatusRequest
+	(*StatusResponse)(nil),           // 4: fence.v1.StatusResponse
+	(*AddNodeRequest)(nil),           // 5: fence.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),          // 6: fence.v1.AddNodeResponse
+	(*RemoveNodeRequest)(nil),        // 7: fence.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),       // 8: fence.v1.RemoveNodeResponse
+	(*RotateSigningKeyRequest)(nil),  // 9: fence.v1.RotateSigningKeyRequest
+	(*RotateSigningKeyResponse)(nil), // 10: fence.v1.RotateSigningKeyResponse
+	(*timestamppb.Timestamp)(nil),    // 11: google.protobuf.Timestamp
 }
 var file_fence_v1_cluster_proto_depIdxs = []int32{
-	0, // 0: fence.v1.StatusResponse.nodes:type_name -> fence.v1.Node
-	0, // 1: fence.v1.AddNodeResponse.nodes:type_name -> fence.v1.Node
-	0, // 2: fence.v1.RemoveNodeResponse.nodes:type_name -> fence.v1.Node
-	9, // 3: fence.v1.RotateSigningKeyResponse.signs_from:type_name -> google.protobuf.Timestamp
-	1, // 4: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	3, // 5: fence.v1.ClusterService.AddNode:input_type -> fence.v1.AddNodeRequest
-	5, // 6: fence.v1.ClusterService.RemoveNode:input_type -> fence.v1.RemoveNodeRequest
-	7, // 7: fence.v1.ClusterService.RotateSigningKey:input_type -> fence.v1.RotateSigningKeyRequest
-	2, // 8: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	4, // 9: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
-	6, // 10: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
-	8, // 11: fence.v1.ClusterService.RotateSigningKey:output_type -> fence.v1.RotateSigningKeyResponse
-	8, // [8:12] is the sub-list for method output_type
-	4, // [4:8] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2,  // 0: fence.v1.StatusResponse.nodes:type_name -> fence.v1.Node
+	2,  // 1: fence.v1.AddNodeResponse.nodes:type_name -> fence.v1.Node
+	2,  // 2: fence.v1.RemoveNodeResponse.nodes:type_name -> fence.v1.Node
+	11, // 3: fence.v1.RotateSigningKeyResponse.signs_from:type_name -> google.protobuf.Timestamp
+	3,  // 4: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	5,  // 5: fence.v1.ClusterService.AddNode:input_type -> fence.v1.AddNodeRequest
+	7,  // 6: fence.v1.ClusterService.RemoveNode:input_type -> fence.v1.RemoveNodeRequest
+	9,  // 7: fence.v1.ClusterService.RotateSigningKey:input_type -> fence.v1.RotateSigningKeyRequest
+	0,  // 8: fence.v1.ClusterService.Backup:input_type -> fence.v1.BackupRequest
+	4,  // 9: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	6,  // 10: fence.v1.ClusterService.AddNode:output_type -> fence.v1.AddNodeResponse
+	8,  // 11: fence.v1.ClusterService.RemoveNode:output_type -> fence.v1.RemoveNodeResponse
+	10, // 12: fence.v1.ClusterService.RotateSigningKey:output_type -> fence.v1.RotateSigningKeyResponse
+	1,  // 13: fence.v1.ClusterService.Backup:output_type -> fence.v1.BackupResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_cluster_proto_init() }
@@ -609,7 +698,7 @@ func file_fence_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_cluster_proto_rawDesc), len(file_fence_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

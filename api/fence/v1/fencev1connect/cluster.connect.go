@@ -45,6 +45,8 @@ const (
 	// ClusterServiceRotateSigningKeyProcedure is the fully-qualified name of the ClusterService's
 	// RotateSigningKey RPC.
 	ClusterServiceRotateSigningKeyProcedure = "/fence.v1.ClusterService/RotateSigningKey"
+	// ClusterServiceBackupProcedure is the fully-qualified name of the ClusterService's Backup RPC.
+	ClusterServiceBackupProcedure = "/fence.v1.ClusterService/Backup"
 )
 
 // ClusterServiceClient is a client for the fence.v1.ClusterService service.
@@ -65,6 +67,11 @@ type ClusterServiceClient interface {
 	// carries it. The previous keys keep verifying for fenced's --key-grace
 	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
+	// Backup streams the leader's lease state, a snapshot of it as it is
+	// when the call arrives: the file `fenced --restore` starts a new
+	// cluster from. It holds every lease ID and signing key, so it needs the
+	// "cluster" permission, and the file is a secret.
+	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.ServerStreamForClient[v1.BackupResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -103,6 +110,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("RotateSigningKey")),
 			connect.WithClientOptions(opts...),
 		),
+		backup: connect.NewClient[v1.BackupRequest, v1.BackupResponse](
+			httpClient,
+			baseURL+ClusterServiceBackupProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Backup")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -112,6 +125,7 @@ type clusterServiceClient struct {
 	addNode          *connect.Client[v1.AddNodeRequest, v1.AddNodeResponse]
 	removeNode       *connect.Client[v1.RemoveNodeRequest, v1.RemoveNodeResponse]
 	rotateSigningKey *connect.Client[v1.RotateSigningKeyRequest, v1.RotateSigningKeyResponse]
+	backup           *connect.Client[v1.BackupRequest, v1.BackupResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -134,6 +148,11 @@ func (c *clusterServiceClient) RotateSigningKey(ctx context.Context, req *connec
 	return c.rotateSigningKey.CallUnary(ctx, req)
 }
 
+// Backup calls fence.v1.ClusterService.Backup.
+func (c *clusterServiceClient) Backup(ctx context.Context, req *connect.Request[v1.BackupRequest]) (*connect.ServerStreamForClient[v1.BackupResponse], error) {
+	return c.backup.CallServerStream(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status reports every voter in the Raft configuration and which node
@@ -152,6 +171,11 @@ type ClusterServiceHandler interface {
 	// carries it. The previous keys keep verifying for fenced's --key-grace
 	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
+	// Backup streams the leader's lease state, a snapshot of it as it is
+	// when the call arrives: the file `fenced --restore` starts a new
+	// cluster from. It holds every lease ID and signing key, so it needs the
+	// "cluster" permission, and the file is a secret.
+	Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -186,6 +210,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("RotateSigningKey")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceBackupHandler := connect.NewServerStreamHandler(
+		ClusterServiceBackupProcedure,
+		svc.Backup,
+		connect.WithSchema(clusterServiceMethods.ByName("Backup")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -196,6 +226,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceRemoveNodeHandler.ServeHTTP(w, r)
 		case ClusterServiceRotateSigningKeyProcedure:
 			clusterServiceRotateSigningKeyHandler.ServeHTTP(w, r)
+		case ClusterServiceBackupProcedure:
+			clusterServiceBackupHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -219,4 +251,8 @@ func (UnimplementedClusterServiceHandler) RemoveNode(context.Context, *connect.R
 
 func (UnimplementedClusterServiceHandler) RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RotateSigningKey is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.Backup is not implemented"))
 }
