@@ -91,7 +91,8 @@ func openLog(dir, kind string, segmentSize int) (logStore, string, error) {
 	}
 	w, err := wal.Open(path, wal.WithSegmentSize(cmp.Or(segmentSize, wal.DefaultSegmentSize)))
 	if err != nil {
-		return nil, "", fmt.Errorf("open raft log %s: %w", path, err)
+		return nil, "", fmt.Errorf("open raft log %s: %w; if a file in it was lost or damaged (wal-meta.db, a segment): "+
+			"in a cluster, replace this node; alone, restore a backup (docs/operations.md)", path, err)
 	}
 	return w, kind, nil
 }

@@ -223,6 +223,9 @@ func Open(cfg Config) (*Node, error) {
 	if err := checkNewestSnapshot(snaps, cfg.DataDir); err != nil {
 		return fail(err)
 	}
+	if err := checkApplied(cfg.DataDir, store, snaps); err != nil {
+		return fail(err)
+	}
 	boot := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}}
 	switch {
 	case cfg.Restore != "" && existing:
@@ -260,8 +263,9 @@ func Open(cfg Config) (*Node, error) {
 			}
 		}()
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.watchLeadership()
+	go n.recordApplied()
 	return n, nil
 }
 

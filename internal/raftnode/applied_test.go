@@ -1,0 +1,83 @@
+package raftnode
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// TestCheckApplied: a log that ends at or above the recorded applied index
+// (an unfinished last write lies above it) starts; one that ends below it,
+// unless a snapshot covers the index, is refused with LostEntriesError.
+func TestCheckApplied(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		record          string // "" for no record
+		last, snapIndex uint64
+		want            string // "", "lost" or "damaged"
+	}{
+		{"no record", "", 3, 0, ""},
+		{"log above the record", "10\n", 12, 0, ""},
+		{"log at the record", "10\n", 10, 0, ""},
+		{"log below the record", "10\n", 8, 0, "lost"},
+		{"snapshot covers the record", "10\n", 0, 11, ""},
+		{"log and snapshot below the record", "10\n", 6, 5, "lost"},
+		{"a record that is not a number", "ten\n", 12, 0, "damaged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.record != "" {
+				if err := os.WriteFile(filepath.Join(dir, appliedFile), []byte(tc.record), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			logs := raft.NewInmemStore()
+			if tc.last > 0 {
+				if err := logs.StoreLogs([]*raft.Log{{Index: tc.last, Term: 1, Type: raft.LogNoop}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			snaps := raft.NewInmemSnapshotStore()
+			if tc.snapIndex > 0 {
+				_, trans := raft.NewInmemTransport("")
+				sink, err := snaps.Create(raft.SnapshotVersionMax, tc.snapIndex, 1, raft.Configuration{}, 1, trans)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink.Close()
+			}
+			err := checkApplied(dir, logs, snaps)
+			var lost *LostEntriesError
+			switch tc.want {
+			case "":
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+			case "lost":
+				if !errors.As(err, &lost) || lost.Applied != 10 {
+					t.Fatalf("%v; want LostEntriesError at applied index 10", err)
+				}
+			case "damaged":
+				if err == nil || lost != nil {
+					t.Fatalf("%v; want an error naming the damaged record", err)
+				}
+			}
+		})
+	}
+}
+
+// TestAppliedRecordFollowsTheNode: a node records the index it applied,
+// at the latest when it closes, and opens again over it.
+func TestAppliedRecordFollowsTheNode(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, dir)
+	n.Close()
+	b, err := os.ReadFile(filepath.Join(dir, appliedFile))
+	if err != nil || len(b) == 0 || b[0] == '0' {
+		t.Fatalf("applied-index after a node closed: %q, %v", b, err)
+	}
+	open(t, dir).Close()
+}
