@@ -195,6 +195,32 @@ func TestGrants(t *testing.T) {
 	}
 }
 
+// TestGrantsAcrossARestore: tokens that jump at each taking of office (the
+// token floor) pass; a node put back to an older copy that grants again
+// from the counters of the copy is caught, by the repeated token, by the
+// lower token after a higher one, and by a last token below one granted.
+func TestGrantsAcrossARestore(t *testing.T) {
+	s := newStory()
+	s.grant("w1", "a", 1_000_001)
+	s.grant("w2", "a", 1_000_002)
+	s.grant("w1", "a", 9_000_001) // a new leader's floor
+	s.final("a", "", 9_000_001)
+	if got := kinds(t, s.evs); len(got) != 0 {
+		t.Errorf("tokens above a token floor: anomalies %v", got)
+	}
+	s = newStory()
+	s.grant("w1", "a", 1_000_001)
+	s.grant("w2", "a", 1_000_002)
+	s.grant("w3", "a", 1_000_003)
+	// put back to a copy taken after the first grant; no floor
+	s.grant("w1", "a", 1_000_002)
+	s.final("a", "", 1_000_002)
+	want := map[string]int{DuplicateGrant: 1, GrantOrder: 1, GrantLost: 1}
+	if diff := cmp.Diff(want, kinds(t, s.evs)); diff != "" {
+		t.Errorf("a restore that forgot grants: anomalies (-want +got):\n%s", diff)
+	}
+}
+
 // TestConcurrentGrants: grants whose calls overlap may complete in any
 // order.
 func TestConcurrentGrants(t *testing.T) {

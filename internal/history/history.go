@@ -54,6 +54,7 @@ const (
 	Applied Type = "applied" // the resource's own log: it applied Ref's operation at Index
 	Final   Type = "final"   // the register's value (Value) and the service's last token (Token) after the run
 	Meta    Type = "meta"    // the run's parameters, in Detail
+	Note    Type = "note"    // how a fault ended (F is its kind, Detail says how); not counted as a fault
 )
 
 // Operation names (Event.F) of the workers.
