@@ -1,8 +1,10 @@
 // Command fencecheck runs fenced, a guarded resource and a set of workers
 // as real processes for a bounded time, injects the faults that fencing
 // tokens exist for (pauses, delayed requests, coordinator crashes and
-// stops, partitions, clock drift) on a schedule derived from a seed, records
-// the history, and checks it:
+// stops, partitions, clock drift) and storage faults of fenced's disk (a
+// flipped byte, a cut-short log, a data directory put back to an older
+// copy, a full disk: storage.go) on a schedule derived from a seed,
+// records the history, and checks it:
 //
 //  1. no fenced request was applied with a token lower than one already
 //     applied for its scope;

@@ -163,6 +163,11 @@ func (r *runner) do(ctx context.Context, f fault) {
 			r.miss(f.Kind, "there was no leader to take down at the time")
 			return
 		}
+		if !nd.busy.TryLock() {
+			r.miss(f.Kind, "the node to take down was in another fault")
+			return
+		}
+		defer nd.busy.Unlock()
 		what := "fenced"
 		if len(r.nodes) > 1 {
 			what = "the leader, " + nd.id
@@ -201,5 +206,7 @@ func (r *runner) do(ctx context.Context, f fault) {
 		r.isolate(nd, true)
 		hold()
 		r.isolate(nd, false)
+	case faultCorrupt, faultTruncate, faultRestore, faultFill:
+		r.doStorage(ctx, f, hold)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -128,6 +129,43 @@ func (p *proc) wait(d time.Duration) bool {
 	}
 }
 
+// exitCode returns the exit status of the process's last run: -1 if it
+// was ended by a signal or has not ended.
+func (p *proc) exitCode() int {
+	cmd, exited := p.current()
+	if cmd == nil {
+		return -1
+	}
+	select {
+	case <-exited:
+		return cmd.ProcessState.ExitCode()
+	default:
+		return -1
+	}
+}
+
+// logSize returns the size of the process's log.
+func (p *proc) logSize() int64 {
+	fi, err := os.Stat(p.log)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logFrom returns the process's log from offset off, at most its last
+// 64 KiB.
+func (p *proc) logFrom(off int64) string {
+	f, err := os.Open(p.log)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	off = max(off, p.logSize()-64<<10)
+	b, _ := io.ReadAll(io.NewSectionReader(f, off, 64<<10))
+	return string(b)
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *proc) kill() {
 	p.signal(syscall.SIGKILL)
@@ -150,6 +188,13 @@ type node struct {
 	id, ip, api, raft string
 	raftProxy         *proxy // nil for a single node
 	p                 *proc
+	dataDir           string
+	disk              string // the tmpfs mounted for it, holding dataDir; "" if none
+	noDisk            string // why there is none, when the fill fault is on
+	// busy is held by a fault that stops, damages or fills the node, from
+	// the moment it takes the node down until it has started it again, so
+	// that two faults never start it twice.
+	busy sync.Mutex
 }
 
 // freePort returns an address on ip whose port was free a moment ago.
@@ -177,7 +222,10 @@ func (r *runner) startNodes(ctx context.Context) error {
 		if nd.api, err = freePort(nd.ip); err != nil {
 			return fmt.Errorf("loopback address %s: %w", nd.ip, err)
 		}
-		args := []string{"--data-dir", filepath.Join(r.dir, "fenced-"+nd.id), "--listen", nd.api}
+		args := []string{"--listen", nd.api}
+		if r.cfg.storageOn() {
+			args = append(args, storageArgs...)
+		}
 		if n > 1 {
 			if nd.raft, err = freePort(nd.ip); err != nil {
 				return err
@@ -192,7 +240,8 @@ func (r *runner) startNodes(ctx context.Context) error {
 				args = append(args, "--join", r.nodes[0].api)
 			}
 		}
-		nd.p = newProc(r.dir, "fenced-"+nd.id, r.fencedBin, args...)
+		nd.dataDir, nd.disk, nd.noDisk = r.newDisk(nd.id) // last: nothing may fail between the mount and the append
+		nd.p = newProc(r.dir, "fenced-"+nd.id, r.fencedBin, append([]string{"--data-dir", nd.dataDir}, args...)...)
 		r.nodes = append(r.nodes, nd)
 	}
 	var addrs []string

@@ -155,8 +155,9 @@ type runner struct {
 	wg        sync.WaitGroup // injections in progress
 	ended     chan struct{}  // closed when the run's time is up
 
-	mu     sync.Mutex
-	missed map[string]map[string]int // planned faults not injected: kind → why → count
+	mu       sync.Mutex
+	missed   map[string]map[string]int // planned faults not injected: kind → why → count
+	outcomes map[string]map[string]int // how storage faults ended: kind → what → count
 }
 
 // workerProc is a worker and the proxies between it and the others.
@@ -264,6 +265,7 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 		}
 	}
 	r.printMissed()
+	r.printOutcomes()
 	path, evs, err := r.merge(finals, applied)
 	if err != nil {
 		return nil, err
@@ -453,6 +455,7 @@ func (r *runner) teardown() {
 		if nd.raftProxy != nil {
 			nd.raftProxy.close()
 		}
+		r.releaseDisk(nd)
 	}
 	if r.admin != nil {
 		r.admin.Close()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -18,9 +19,19 @@ const (
 	faultNodePartition = "node-partition" // cut a fenced node off from the others (cluster only)
 	faultDrift         = "drift"          // a worker whose clock runs slow or fast, for the whole run
 	faultResourceCrash = "resource-crash" // kill -9 the resource and restart it on the same data
+
+	// The storage faults: a node's disk loses or damages what fenced
+	// wrote, or fills (storage.go).
+	faultCorrupt  = "corrupt"  // kill -9 a node, flip a byte in its newest raft-wal segment, restart it
+	faultTruncate = "truncate" // kill -9 a node, cut its newest raft-wal segment short, restart it
+	faultRestore  = "restore"  // copy a node's data directory cold; later kill -9 it, put the copy back, restart it
+	faultFill     = "fill"     // fill a node's disk (a tmpfs of its own), then free it
 )
 
-var allFaults = []string{faultPause, faultDelay, faultCrash, faultStop, faultPartition, faultNodePartition, faultDrift, faultResourceCrash}
+var allFaults = []string{faultPause, faultDelay, faultCrash, faultStop, faultPartition, faultNodePartition, faultDrift, faultResourceCrash,
+	faultCorrupt, faultTruncate, faultRestore, faultFill}
+
+var storageFaults = []string{faultCorrupt, faultTruncate, faultRestore, faultFill}
 
 // fault is one entry of the schedule: at At after the start, do Kind to
 // worker (or node) Target for For.
@@ -33,12 +44,26 @@ type fault struct {
 	// the resource (a process stopped in the middle of its work), not at
 	// At itself.
 	AtRequest bool
+	// Where: corrupt and truncate damage the newest segment at this
+	// fraction (0 to 1) of its written bytes.
+	Where float64
+	// Full: fill leaves no byte free, so that fenced's next write fails
+	// and it stops; otherwise it leaves half of --min-free-space, below
+	// which a leader refuses grants.
+	Full bool
 }
 
 func (f fault) String() string {
 	at := ""
-	if f.AtRequest {
+	switch {
+	case f.AtRequest:
 		at = " at its next request"
+	case f.Kind == faultCorrupt || f.Kind == faultTruncate:
+		at = fmt.Sprintf(" at %.1f%% of the newest segment's written bytes", 100*f.Where)
+	case f.Kind == faultFill && f.Full:
+		at = ", no byte left"
+	case f.Kind == faultFill:
+		at = ", half of --min-free-space left"
 	}
 	return fmt.Sprintf("%6.2fs %-14s target %d for %v%s", f.At.Seconds(), f.Kind, f.Target, f.For.Round(time.Millisecond), at)
 }
@@ -93,15 +118,12 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 			total += k.w
 		}
 	}
-	if total == 0 {
-		return s
-	}
 	between := func(lo, hi float64) time.Duration {
 		return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(time.Second))
 	}
 	scaled := func(lo, hi float64) time.Duration { return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(ttl)) }
 	lastCrash := map[string]time.Duration{faultCrash: -time.Hour, faultResourceCrash: -time.Hour}
-	for t := time.Second; t < d-2*time.Second && len(s.faults) < 10000; t += between(0.6, 1.8) {
+	for t := time.Second; total > 0 && t < d-2*time.Second && len(s.faults) < 10000; t += between(0.6, 1.8) {
 		pick := rng.IntN(total)
 		var k string
 		for _, m := range menu {
@@ -136,7 +158,53 @@ func plan(seed uint64, d time.Duration, workers, nodes int, ttl time.Duration, k
 		}
 		s.faults = append(s.faults, f)
 	}
+	if st := planStorage(seed, d, nodes, kinds); len(st) > 0 {
+		s.faults = append(s.faults, st...)
+		slices.SortStableFunc(s.faults, func(a, b fault) int { return cmp.Compare(a.At, b.At) })
+	}
 	return s
+}
+
+// planStorage plans the storage faults, from a stream and a timeline of
+// their own, so that a seed plans every other fault as it did before they
+// existed. They come one at a time, from two seconds in: each begins 2 to
+// 5 seconds after the one before has healed (a damaged or restored node
+// takes a moment to start and catch up), and heals two seconds before the
+// end. Target is a node, or len(nodes) for the leader at the time.
+func planStorage(seed uint64, d time.Duration, nodes int, kinds []string) []fault {
+	rng := rand.New(rand.NewPCG(seed, 0x73746f72616765)) // "storage"
+	var menu []string
+	for _, k := range storageFaults {
+		if slices.Contains(kinds, k) {
+			menu = append(menu, k)
+		}
+	}
+	if len(menu) == 0 {
+		return nil
+	}
+	between := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + (hi-lo)*rng.Float64()) * float64(time.Second))
+	}
+	var faults []fault
+	for t := 2 * time.Second; len(faults) < 10000; {
+		f := fault{At: t, Kind: menu[rng.IntN(len(menu))], Target: rng.IntN(nodes + 1)}
+		switch f.Kind {
+		case faultCorrupt, faultTruncate:
+			f.For = between(0.2, 1.5) // down, as after a crash
+			f.Where = rng.Float64()
+		case faultRestore:
+			f.For = between(3, 8) // from the copy to putting it back
+		case faultFill:
+			f.For = between(2, 4)
+			f.Full = rng.IntN(2) == 0
+		}
+		if t+f.For > d-2*time.Second {
+			break
+		}
+		faults = append(faults, f)
+		t += f.For + between(2, 5)
+	}
+	return faults
 }
 
 // counts returns the number of planned faults of each kind.

@@ -83,6 +83,54 @@ func TestStopsTakeCrashSlots(t *testing.T) {
 	}
 }
 
+// TestStorageFaultsLeaveTheRestOfTheSchedule: the storage faults come from
+// a stream and a timeline of their own, so that a seed plans every other
+// fault as it did before them (the runs recorded before them plan the same
+// faults); they come one at a time and heal two seconds before the end.
+func TestStorageFaultsLeaveTheRestOfTheSchedule(t *testing.T) {
+	var before []string
+	for _, k := range allFaults {
+		if !slices.Contains(storageFaults, k) {
+			before = append(before, k)
+		}
+	}
+	d := 2 * time.Minute
+	for seed := range uint64(20) {
+		was := plan(seed, d, 4, 3, time.Second, before)
+		now := plan(seed, d, 4, 3, time.Second, allFaults)
+		var rest, storage []fault
+		for _, f := range now.faults {
+			if slices.Contains(storageFaults, f.Kind) {
+				storage = append(storage, f)
+			} else {
+				rest = append(rest, f)
+			}
+		}
+		if diff := cmp.Diff(was.faults, rest); diff != "" || !slices.Equal(was.rates, now.rates) {
+			t.Errorf("seed %d: the other faults changed with the storage faults on (-without +with):\n%s", seed, diff)
+		}
+		if len(storage) == 0 {
+			t.Errorf("seed %d: no storage fault in %v", seed, d)
+		}
+		end := time.Duration(0)
+		for _, f := range storage {
+			if f.At < end+2*time.Second || f.At+f.For > d-2*time.Second {
+				t.Errorf("seed %d: %v begins before the one before has healed and 2s passed (%v), or ends after %v", seed, f, end, d-2*time.Second)
+			}
+			if f.Target < 0 || f.Target > 3 {
+				t.Errorf("seed %d: %v: target not a node of 3 or the leader", seed, f)
+			}
+			end = f.At + f.For
+		}
+	}
+	only := plan(197, storageRun, 4, 1, time.Second, storageFaults)
+	for _, k := range storageFaults {
+		if only.counts()[k] == 0 {
+			t.Errorf("the storage run (seed 197, %v) plans no %s: %v", storageRun, k, only.counts())
+		}
+	}
+}
+
 func TestPlanHonoursTheFaultList(t *testing.T) {
 	s := plan(1, time.Minute, 4, 1, time.Second, []string{faultPause, faultNodePartition})
 	for _, f := range s.faults {
