@@ -24,8 +24,10 @@
 //
 //	hc := &http.Client{Transport: httpguard.NewTransport(lease, nil)}
 //
-// Each request then carries the lease's token; a 409 stale answer marks
-// the lease lost, and later requests fail without being sent.
+// Each request then carries the lease's token; a 409 stale answer to that
+// token marks the lease lost, and later requests fail without being sent.
+// A stale answer naming another scope or token (a server passing on the
+// refusal of its own write downstream) leaves the lease alone.
 //
 // # Caveats
 //

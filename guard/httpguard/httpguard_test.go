@@ -287,3 +287,83 @@ func TestReadsAreFencedByDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestTransportKeepsLeaseOnOthersRejection: a server that passes on the
+// stale rejection of another lease's token (its own write downstream,
+// under a lease of its own) does not end the caller's lease; a stale
+// problem naming the caller's scope and token does, and so does a terse
+// one that names neither.
+func TestTransportKeepsLeaseOnOthersRejection(t *testing.T) {
+	fs := fencetest.NewServer()
+	defer fs.Close()
+	c := fs.Client()
+	defer c.Close()
+	ctx := context.Background()
+
+	// The server answers, whatever it is sent, the problem the test puts
+	// in the request's X-Problem header, as a handler passing on another
+	// service's answer would.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, r.Header.Get("X-Problem"))
+	}))
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		name string
+		// problem returns the body to answer, given the lease's token.
+		problem func(own fence.Token) httpguard.Problem
+		lost    bool
+	}{
+		{"another scope", func(own fence.Token) httpguard.Problem {
+			return httpguard.Problem{Scope: "billing", PresentedToken: own.Value, HighestToken: own.Value + 1}
+		}, false},
+		{"another token of the scope", func(own fence.Token) httpguard.Problem {
+			return httpguard.Problem{Scope: own.Scope, PresentedToken: own.Value - 1, HighestToken: own.Value}
+		}, false},
+		{"its own token", func(own fence.Token) httpguard.Problem {
+			return httpguard.Problem{Scope: own.Scope, PresentedToken: own.Value, HighestToken: own.Value + 1}
+		}, true},
+		{"neither scope nor token", func(own fence.Token) httpguard.Problem {
+			return httpguard.Problem{HighestToken: own.Value + 1}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := c.Acquire(ctx, "orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				// A lease lost only locally keeps its scope at the service:
+				// free it for the next case.
+				_ = l.Release(ctx)
+				_, _ = c.Release(ctx, "orders", l.ID())
+			}()
+			p := tc.problem(l.Token())
+			p.Type, p.Title, p.Status, p.Detail = httpguard.ProblemType, "Stale fencing token", http.StatusConflict, "stale"
+			js, err := json.Marshal(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest(http.MethodPut, srv.URL+"/orders", strings.NewReader("x"))
+			req.Header.Set("X-Problem", string(js))
+			resp, err := (&http.Client{Transport: httpguard.NewTransport(l, nil)}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got httpguard.Problem
+			err = json.NewDecoder(resp.Body).Decode(&got)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusConflict || got != p {
+				t.Fatalf("answer %d %+v (%v), want the problem passed on as it came, %+v", resp.StatusCode, got, err, p)
+			}
+			switch {
+			case tc.lost && !errors.Is(l.Err(), fence.ErrLeaseLost):
+				t.Fatalf("lease error %v, want it lost as stale", l.Err())
+			case !tc.lost && l.Err() != nil:
+				t.Fatalf("the lease ended on another lease's rejection: %v", l.Err())
+			}
+		})
+	}
+}

@@ -20,7 +20,11 @@ type Lease interface {
 }
 
 // Transport adds its lease's token to every request and marks the lease
-// lost when a guard answers that the token is stale. Once the lease is
+// lost when a guard answers that the token is stale: a 409 Conflict with
+// a stale-token problem (ProblemType) whose scope and presented_token, if
+// given, are the lease's. A stale problem naming another scope or token
+// (a server passing on the refusal of its own write downstream) is
+// returned as it came and leaves the lease alone. Once the lease is
 // lost, requests fail without being sent: retrying a stale token can never
 // succeed. It is safe for concurrent use.
 type Transport struct {
@@ -46,8 +50,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("httpguard: not sent: %w", err)
 	}
+	tok := t.lease.Token()
 	r = r.Clone(r.Context())
-	r.Header.Set(t.header, t.lease.Token().String())
+	r.Header.Set(t.header, tok.String())
 	resp, err := t.base.RoundTrip(r)
 	if err != nil || resp.StatusCode != http.StatusConflict {
 		return resp, err
@@ -62,8 +67,16 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	var p Problem
-	if json.Unmarshal(body, &p) == nil && p.Type == ProblemType {
-		t.lease.MarkLost(&guard.StaleError{Scope: p.Scope, Presented: p.PresentedToken, Highest: p.HighestToken})
+	if json.Unmarshal(body, &p) != nil || p.Type != ProblemType {
+		return resp, nil
 	}
+	// A server may pass on the rejection of another lease's token (its
+	// own write downstream): that says nothing about this lease. Fields
+	// the problem lacks are given the benefit of the doubt, so that a
+	// terse guard still ends the lease, as grpcguard's client does.
+	if p.Scope != "" && p.Scope != tok.Scope || p.PresentedToken != 0 && p.PresentedToken != tok.Value {
+		return resp, nil
+	}
+	t.lease.MarkLost(&guard.StaleError{Scope: tok.Scope, Presented: tok.Value, Highest: p.HighestToken})
 	return resp, nil
 }
