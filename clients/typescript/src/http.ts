@@ -228,9 +228,12 @@ export interface FencedFetchOptions extends RequestInit {
 /**
  * fencedFetch sends a request with the lease's token in the Fencing-Token
  * header. It refuses to send once the lease is lost, throwing its
- * LostError. A 409 answer with the stale-token problem throws a StaleError
- * with the body's tokens, read exactly, and marks the lease lost if the
- * guard has accepted a newer token; never retry that write with this lease. Other answers are returned as they are.
+ * LostError. A 409 answer with the stale-token problem for this lease's
+ * scope and token throws a StaleError with the body's tokens, read exactly,
+ * and marks the lease lost if the guard has accepted a newer token; never
+ * retry that write with this lease. A stale problem naming another scope or
+ * token (a server passing on the refusal of its own write downstream) and
+ * other answers are returned as they are.
  */
 export async function fencedFetch(lease: Lease, input: string | URL, init: FencedFetchOptions = {}): Promise<Response> {
   lease.throwIfLost();
@@ -243,7 +246,15 @@ export async function fencedFetch(lease: Lease, input: string | URL, init: Fence
   }
   const text = await res.text();
   const stale = staleFromProblem(text);
-  if (stale === undefined) {
+  // A server may pass on the rejection of another lease's token (its own
+  // write downstream): that says nothing about this lease. Fields the
+  // problem lacks are given the benefit of the doubt, so that a terse
+  // guard still ends the lease, as Go's httpguard.Transport does.
+  if (
+    stale === undefined ||
+    (stale.scope !== "" && stale.scope !== lease.scope) ||
+    (stale.presented !== 0n && stale.presented !== lease.token)
+  ) {
     // Some other conflict: give the caller the answer, body included.
     return new Response(text, { status: res.status, statusText: res.statusText, headers: res.headers });
   }

@@ -90,6 +90,41 @@ test("fencedFetch: a 409 marks the lease lost and throws StaleError; a lost leas
   await b.release();
 });
 
+test("fencedFetch: a passed-on stale problem of another scope or token leaves the lease alone", async () => {
+  // The server answers, whatever it is sent, the problem in the request's
+  // X-Problem header, as a handler passing on another service's answer would.
+  const relay = await serve(
+    (_req, _res, next) => next(),
+    (req, res) => {
+      res.writeHead(409, { "content-type": "application/problem+json" }).end(String(req.headers["x-problem"]));
+    },
+  );
+  const problem = (fields: string) =>
+    `{"type":"https://fence.dev/problems/stale-token","title":"Stale fencing token","status":409,"detail":"stale"${fields}}`;
+  const cases: [string, (token: bigint) => string, boolean][] = [
+    ["another scope", (t) => problem(`,"scope":"billing","presented_token":${t},"highest_token":${t + 1n}`), false],
+    ["another token of the scope", (t) => problem(`,"scope":"ts/relay","presented_token":${t - 1n},"highest_token":${t}`), false],
+    ["its own token", (t) => problem(`,"scope":"ts/relay","presented_token":${t},"highest_token":${t + 1n}`), true],
+    ["neither scope nor token", (t) => problem(`,"highest_token":${t + 1n}`), true],
+  ];
+  for (const [what, body, lost] of cases) {
+    const l = await client.acquire("ts/relay", { ttl: 30_000 });
+    const sent = body(l.token);
+    if (lost) {
+      await assert.rejects(fencedFetch(l, relay, { method: "POST", headers: { "x-problem": sent } }), StaleError, what);
+      assert.ok(l.lost.aborted, `${what}: the lease is lost`);
+    } else {
+      const res = await fencedFetch(l, relay, { method: "POST", headers: { "x-problem": sent } });
+      assert.equal(res.status, 409, what);
+      assert.equal(await res.text(), sent, `${what}: the problem is passed on as it came`);
+      assert.equal(l.lost.aborted, false, `${what}: the lease ended on another lease's rejection`);
+    }
+    // A lease lost only locally keeps its scope at the service: free it.
+    await l.release().catch(() => {});
+    await rpc(fenced.url, "Release", { scope: "ts/relay", leaseId: l.leaseId });
+  }
+});
+
 test("missing, repeated, malformed, foreign, forged and unsigned tokens get 400", async () => {
   const a = await client.acquire("ts/http", { ttl: 5000 });
   const other = await client.acquire("ts/other", { ttl: 5000 });
