@@ -79,9 +79,12 @@ type Store interface {
 }
 
 // A Repeater is a Store whose Fence may call apply more than once for one
-// write; only the effects of the last call are kept. boltguard's batched
-// store is one: it commits concurrent writes in one transaction, and runs
-// them again when one of them fails. Adapters that run a caller's handler
+// write; only the effects of the last call are kept, and Fence answers for
+// the last try: one that follows a failed call of apply checks w again and
+// may find it stale, and Fence then returns the *StaleError, not apply's
+// earlier error. boltguard's batched store is one: it commits concurrent
+// writes in one transaction, and runs them again when one of them fails.
+// Adapters that run a caller's handler
 // inside apply ask Guard.Repeats, refuse such a store unless the caller
 // opted in (httpguard.WithRepeats, grpcguard.WithRepeats), and prepare
 // for it (httpguard reads a request body there).

@@ -121,7 +121,9 @@ func (s *Store) Update(ctx context.Context, scope string, w guard.Write, strict 
 //
 // fn may run more than once: when one call's fn fails, bbolt rolls the
 // shared transaction back, runs that call alone and the others again. So fn
-// must change nothing but tx.
+// must change nothing but tx. The call run alone checks w again, and a
+// newer token committed in between makes it stale: UpdateBatch then
+// returns the *guard.StaleError, whatever fn returned before.
 func (s *Store) UpdateBatch(ctx context.Context, scope string, w guard.Write, strict bool, fn func(tx *bbolt.Tx) error) error {
 	if err := validate(ctx, scope, w); err != nil {
 		return err

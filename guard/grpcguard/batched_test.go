@@ -3,6 +3,7 @@ package grpcguard_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -124,4 +125,92 @@ func TestUnaryOverBatchedStore(t *testing.T) {
 	} else {
 		t.Logf("%d handler runs again for %d calls", again, made.Load())
 	}
+}
+
+// failOnce's UnaryCall fails the first run of each payload body, with
+// PermissionDenied, and stores the body on every later run.
+type failOnce struct {
+	testgrpc.UnimplementedTestServiceServer
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (s *failOnce) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	key := string(req.GetPayload().GetBody())
+	s.mu.Lock()
+	s.runs[key]++
+	first := s.runs[key] == 1
+	s.mu.Unlock()
+	if first && strings.HasPrefix(key, "fail-once") {
+		return nil, status.Error(codes.PermissionDenied, "the handler's first run fails")
+	}
+	tx, _ := boltguard.TxFromContext(ctx)
+	b, err := tx.CreateBucketIfNotExists([]byte("runs"))
+	if err == nil {
+		err = b.Put([]byte(key), nil)
+	}
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &testgrpc.SimpleResponse{}, nil
+}
+
+func (s *failOnce) ran(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs[key]
+}
+
+// TestStaleOnRerunOverBatchedStore: over boltguard's Batched store, a call
+// whose handler fails is run again alone (bbolt's DB.Batch), and a newer
+// token committed in between makes that rerun find it stale. Its answer
+// must then be the stale status, which makes the client mark its lease
+// lost, not the error of the handler's earlier run, which rolled back. A
+// newer writer races each such call; the test goes on until one rerun
+// found the call stale, and fails if none did in 200 rounds.
+func TestStaleOnRerunOverBatchedStore(t *testing.T) {
+	s, err := boltguard.Open(filepath.Join(t.TempDir(), "g.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	svc := &failOnce{runs: map[string]int{}}
+	c := serveUnary(t, guard.New(s.Batched(), guard.WithLogger(slog.New(slog.DiscardHandler))), svc, grpcguard.WithRepeats())
+	call := func(key string, tok uint64) error {
+		md := metadata.Pairs(grpcguard.TokenKey, fmt.Sprintf("fence:v1:orders:%d", tok))
+		_, err := c.UnaryCall(metadata.NewOutgoingContext(t.Context(), md), &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte(key)}})
+		return err
+	}
+	for i := range uint64(200) {
+		older, newer := 2*i+1, 2*i+2
+		key := fmt.Sprintf("fail-once-%d", i)
+		var errOld, errNew error
+		var wg sync.WaitGroup
+		wg.Go(func() { errOld = call(key, older) })
+		wg.Go(func() { errNew = call(fmt.Sprintf("newer-%d", i), newer) })
+		wg.Wait()
+		if errNew != nil {
+			t.Fatalf("round %d: the newer write: %v", i, errNew)
+		}
+		runs := svc.ran(key)
+		if runs == 2 {
+			// Its rerun came before the newer write, and succeeded.
+			if errOld != nil {
+				t.Fatalf("round %d: the older write ran again and succeeded, but answered %v", i, errOld)
+			}
+			continue
+		}
+		// Stale in the batch before its handler ran (0 runs), or on the
+		// rerun after its first run failed (1 run).
+		stale, ok := grpcguard.FromError(errOld)
+		if !ok || status.Code(errOld) != codes.FailedPrecondition || stale.Presented != older || stale.Highest != newer {
+			t.Fatalf("round %d: the older write, its handler run %d times: %v; want FAILED_PRECONDITION stale, token %d superseded by %d",
+				i, runs, errOld, older, newer)
+		}
+		if runs == 1 {
+			t.Logf("round %d: the rerun found the call stale after its handler failed", i)
+			return
+		}
+	}
+	t.Fatal("in 200 rounds no rerun found its call stale after a failed run: the test showed nothing")
 }

@@ -142,27 +142,39 @@ func (c *config) fence(ctx context.Context, g *guard.Guard, scope string, handle
 	if err != nil {
 		return err
 	}
-	var ran bool
-	var handleErr error
 	err = g.Fence(ctx, scope, w, func(ctx context.Context) error {
-		ran = true
-		handleErr = handle(ctx)
-		return handleErr // a failed handler's writes roll back
+		if err := handle(ctx); err != nil {
+			return &handlerError{err: err} // a failed handler's writes roll back
+		}
+		return nil
 	})
-	if ran && handleErr != nil {
+	// Fence's answer is that of its last try, which is what counts: a
+	// store that runs the handler again (boltguard's Batched) may find the
+	// token stale on the rerun that follows a failed run, and then the
+	// caller must hear that it is stale, not what the rolled-back run said.
+	if he, ok := errors.AsType[*handlerError](err); ok {
 		// The token passed the check all the same: record it, so that
 		// older leases' writes are refused from now on. A token that
 		// passed is never older than the scope's highest, so this cannot
 		// refuse a current writer. If it fails, the next write records
 		// it; the caller hears the handler's error either way.
 		_ = g.Advance(ctx, scope, w.Token)
-		return handleErr
+		return he.err
 	}
 	if err != nil {
 		return statusError(c.key, err)
 	}
 	return nil
 }
+
+// handlerError carries a handler's error through the store's Fence, so
+// that it is told apart from the store's own answer (a stale token, a
+// failed commit), whatever either says. It does not unwrap: a handler
+// passing on another guard's stale rejection is no refusal of this
+// guard's, for its log and metrics.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
 
 // write reads the token and sequence number from the incoming metadata.
 func (c *config) write(ctx context.Context) (guard.Write, error) {
