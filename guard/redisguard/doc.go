@@ -65,13 +65,17 @@
 //	FCALL fence_hset   2   fence:{S} KEY   TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
 //	FCALL fence_incrby 2   fence:{S} KEY   TOKEN SEQ INCREMENT
 //
-// Every KEY must carry the scope as its hash tag (see Key); SEQ 0 means
-// none, and sequences follow the non-strict rule. A stale write changes
-// nothing and returns the error "STALE scope=S presented_token=T
-// highest_token=H presented_seq=Q highest_seq=R"; a malformed call an error
-// starting "ERR fence:". The Guard does not call the library: it needs no
-// install, and its scripts run the same rule. docs/protocol.md, "Guards
-// inside the database", has the whole contract.
+// The first key is the scope's mark exactly as DefaultPrefix makes it,
+// "fence:{S}": a key of any other prefix would be a fresh mark that no
+// other writer reads, so the functions refuse it ("ERR fence: the first
+// key ... is not the mark of a scope"). Every KEY must carry the scope as
+// its hash tag (see Key); SEQ 0 means none, and sequences follow the
+// non-strict rule. A stale write changes nothing and returns the error
+// "STALE scope=S presented_token=T highest_token=H presented_seq=Q
+// highest_seq=R"; a malformed call an error starting "ERR fence:". The
+// Guard does not call the library: it needs no install, and its scripts
+// run the same rule. docs/protocol.md, "Guards inside the database", has
+// the whole contract.
 //
 // # Caveats
 //

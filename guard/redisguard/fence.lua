@@ -8,7 +8,8 @@
 --   FCALL fence_incrby 2   MARK KEY     TOKEN SEQ INCREMENT
 --
 -- MARK is the scope's mark as redisguard keeps it: "fence:{SCOPE}" (the
--- hash tag is the scope). Every KEY must carry the same tag, as
+-- hash tag is the scope), and nothing else: a key of another prefix is
+-- refused, since it would be a fresh mark of its own. Every KEY must carry the same tag, as
 -- redisguard.Key makes them ("{SCOPE}:name"), so that Go and FCALL writers
 -- share one mark. TOKEN is 1 to 2^63-1, SEQ 0 (none) to 2^64-1, both in
 -- decimal. A stale write returns the error
@@ -32,13 +33,15 @@ local function decimal(name, v, max, zero)
   return bad(string.format('%s %q is not a decimal integer from %s to %s', name, v, zero and '0' or '1', max))
 end
 
--- scope_of returns the scope whose mark is key: the hash tag of a key that
--- ends with it, such as fence:{orders}. The scope must be one the protocol
--- admits, so that the fields of a STALE error split on spaces.
+-- scope_of returns the scope whose mark is key: fence:{SCOPE}, exactly the
+-- key of redisguard's DefaultPrefix. A mark of any other prefix (a typo, a
+-- prefix of the writer's own) would be a fresh mark that no other writer
+-- of the scope reads, and let a stale token pass. The scope must be one the
+-- protocol admits, so that the fields of a STALE error split on spaces.
 local function scope_of(mark)
-  local scope = mark:match('^[^{]*{([^}]*)}$')
+  local scope = mark:match('^fence:{([^}]*)}$')
   if not scope then
-    return nil, bad(string.format('the first key, %q, is not a mark such as "fence:{orders}"', mark))
+    return nil, bad(string.format('the first key, %q, is not the mark of a scope: want "fence:{SCOPE}", such as "fence:{orders}"', mark))
   end
   local ok = #scope >= 1 and #scope <= 256
   for seg in (scope .. '/'):gmatch('([^/]*)/') do

@@ -311,3 +311,33 @@ func TestFunctionsProtocolVectors(t *testing.T) {
 		}
 	}
 }
+
+// TestFunctionsRefuseMistypedMark: the first key must be the scope's mark
+// as redisguard keeps it, "fence:{SCOPE}". A writer whose mark key has
+// another prefix (a typo, a prefix of its own) would otherwise get a fresh
+// mark of its own, and its stale token would pass; each such call is
+// refused as malformed, naming the form, and changes nothing.
+func TestFunctionsRefuseMistypedMark(t *testing.T) {
+	url := testRedisURL(t)
+	rdb := testRedis(t)
+	sc := newScope(t, rdb)
+	if r := one(t, url, fset(sc, 9, "current")); r != "OK" {
+		t.Fatalf("token 9: %q", r)
+	}
+	for _, mark := range []string{
+		"fense:{" + sc + "}", "Fence:{" + sc + "}", "fence{" + sc + "}", "fence_{" + sc + "}",
+		"{" + sc + "}", "app:fence:{" + sc + "}", "fence:fence:{" + sc + "}", "fence::{" + sc + "}",
+	} {
+		r := one(t, url, fmt.Sprintf("FCALL fence_set 2 %s {%s}:v 7 0 stale", mark, sc))
+		want := fmt.Sprintf("ERR fence: the first key, %q, is not the mark of a scope: want \"fence:{SCOPE}\"", mark)
+		if !strings.HasPrefix(r, want) {
+			t.Errorf("mark key %q: %q, want %q...", mark, r, want)
+		}
+		if n, err := rdb.Exists(ctx, mark).Result(); err != nil || n != 0 {
+			t.Errorf("mark key %q: it exists (%d, %v), want it never created", mark, n, err)
+		}
+	}
+	if r := cli(t, url, "GET {"+sc+"}:v\nHGET fence:{"+sc+"} token\n"); !slices.Equal(r, []string{"current", "9"}) {
+		t.Errorf("value and mark %q, want the current write and 9", r)
+	}
+}

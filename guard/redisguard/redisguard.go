@@ -108,7 +108,10 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.l
 func WithObserver(o guard.Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
 
 // WithPrefix replaces DefaultPrefix: the mark of scope s becomes the hash
-// prefix+"{"+s+"}".
+// prefix+"{"+s+"}". The function library (Library) keeps marks under
+// DefaultPrefix only and refuses any other mark key, so a Guard with
+// another prefix shares no mark with FCALL writers: give it only to a
+// keyspace they do not write.
 func WithPrefix(p string) Option { return optionFunc(func(c *config) { c.prefix = p }) }
 
 // WithKeyScope makes a Guard ask f which scope each data key belongs to,

@@ -12,7 +12,10 @@ import { presentedToken, staleFromFields, type Presented } from "./presented.js"
 /** RedisLike is an ioredis client (call) or a node-redis client (sendCommand). */
 export type RedisLike = { call(command: string, ...args: string[]): Promise<unknown> } | { sendCommand(args: string[]): Promise<unknown> };
 
-/** markKey is the key of a scope's mark: "fence:{SCOPE}", as Go's redisguard keeps it. */
+/**
+ * markKey is the key of a scope's mark: "fence:{SCOPE}", as Go's redisguard
+ * keeps it, and the only form the library accepts as its first key.
+ */
 export function markKey(scope: string): string {
   return `fence:{${scope}}`;
 }
