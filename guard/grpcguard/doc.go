@@ -65,6 +65,21 @@
 // unary calls. Checking each message instead would not be atomic: the
 // interceptor sees a message arrive, not the handler apply it.
 //
+// The stream's message receives run inside that section too: the handler
+// receives them, so the interceptor cannot read them first, as httpguard
+// reads a request body. A store's fenced section is a write transaction
+// (bbolt's and SQLite's take the whole database; PostgreSQL's holds the
+// scope's row and a pooled connection), so a client that opens a fenced
+// stream, sends part of it and stalls holds every other scope's writes on
+// bbolt or SQLite, and its own scope's everywhere, for as long as it
+// stalls. gRPC has no per-message receive timeout, a deadline the server
+// puts on the handler's context does not end a receive, and the client's
+// own deadline is the client's to choose. Bound fenced streams from the
+// server: keepalive.ServerParameters' MaxConnectionAge with
+// MaxConnectionAgeGrace closes a connection, and so ends its stalled
+// streams and rolls back their writes, after at most their sum; or fence
+// only unary methods over such a store.
+//
 // A handler that returns an error has failed: the store rolls back the
 // writes it made in the fenced section's transaction (boltguard's and
 // sqlguard's TxFromContext), and the call gets the handler's error. Its

@@ -103,11 +103,13 @@ func UnaryServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) (gr
 
 // StreamServerInterceptor returns an interceptor that runs the handlers of
 // the streams scope fences, from their start to their end, inside g's
-// fenced section for their scope, if the stream's token is current. The
-// interceptor is safe for concurrent use. It fails if g's store may run a
-// handler more than once (a guard.Repeater, such as boltguard's Batched
-// store), WithRepeats or not: a stream's messages cannot be received
-// again.
+// fenced section for their scope, if the stream's token is current. Their
+// message receives run inside it too, so a client that stalls holds the
+// store's write transaction: bound fenced streams from the server (see
+// the package's Caveats). The interceptor is safe for concurrent use. It
+// fails if g's store may run a handler more than once (a guard.Repeater,
+// such as boltguard's Batched store), WithRepeats or not: a stream's
+// messages cannot be received again.
 func StreamServerInterceptor(g *guard.Guard, scope ScopeFunc, opts ...Option) (grpc.StreamServerInterceptor, error) {
 	if g.Repeats() {
 		return nil, errors.New("grpcguard: a stream cannot be fenced over a store that may run its handler more than once " +
