@@ -173,9 +173,11 @@ func (r *runner) doStorage(ctx context.Context, f fault, hold func()) {
 // target returns node i, or for i = len(r.nodes) the leader at the time,
 // and how to name it.
 func (r *runner) target(ctx context.Context, i int) (*node, string) {
-	nd := r.leader(ctx)
+	var nd *node
 	if i < len(r.nodes) {
 		nd = r.nodes[i]
+	} else {
+		nd = r.leader(ctx)
 	}
 	switch {
 	case nd == nil:
