@@ -15,7 +15,7 @@ TESTPROGRESS := $(GO) run ./scripts/testprogress -trim github.com/fence-dev/fenc
 # processes for minutes. `make test` runs them all. It took 8.5 minutes,
 # one package at a time at the lowest priority on a busy 2-core machine.
 SHORT_SKIP_PKGS := /guard/pgxguard$$|/guard/redisguard$$|/guard/sqlguard$$
-SHORT_SKIP := ^(TestCrashRestart|TestRestartGrace|TestCluster.*|TestFencedRunPasses|TestUnfencedRunFindsAnomalies)$$
+SHORT_SKIP := ^(TestCrashRestart|TestRestartGrace|TestCluster.*|TestStorageFaults.*|TestRestoredCopy|TestFencedRunPasses|TestUnfencedRunFindsAnomalies)$$
 
 .DEFAULT_GOAL := help
 
@@ -30,7 +30,9 @@ services: ## install (Debian packages, when missing) and start PostgreSQL, Maria
 # The whole suite takes about 7 minutes on 2 cores with the module cache
 # filled (6m37s of tests on a clean clone), 13 on a machine busy with other
 # work; most of it goes to cmd/fenced's cluster and kill -9 tests,
-# cmd/fencecheck's two 20-second fault runs and the database tests.
+# cmd/fencecheck's fault runs (two of 20 seconds, one of 24 with only
+# the storage faults), cmd/fenced's storage fault tests (about a minute)
+# and the database tests.
 .PHONY: test
 test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~7 min on 2 cores, more when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \

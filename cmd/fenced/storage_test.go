@@ -449,7 +449,7 @@ func TestStorageFaultsNoSnapshot(t *testing.T) {
 	if len(walFiles(t, h.dir)) < 2 {
 		t.Fatalf("the history wrote one segment; the test wants two or more")
 	}
-	for _, name := range []string{"meta-db-deleted", "truncate", "flip"} {
+	for _, name := range []string{"meta-db-deleted", "truncate", "flip", "flip-configuration"} {
 		t.Run(name, func(t *testing.T) {
 			dir := copyDir(t, h.dir)
 			segs := walFiles(t, dir)
@@ -465,12 +465,16 @@ func TestStorageFaultsNoSnapshot(t *testing.T) {
 				}
 			case "flip":
 				flipByte(t, newest, int64(written(t, newest)/2))
+			case "flip-configuration":
+				// Inside the first entries of the oldest segment, where the
+				// cluster's configuration is: raft panics reading it.
+				flipByte(t, segs[0], 72)
 			}
 			said := h.startAfterFault(t, dir)
 			switch {
 			case name == "truncate" && !strings.Contains(said, lost):
 				t.Errorf("want a refusal saying %q; fenced said: %q", lost, said)
-			case name == "meta-db-deleted" && !strings.Contains(said, "restore a backup"):
+			case (name == "meta-db-deleted" || name == "flip-configuration") && !strings.Contains(said, "restore a backup"):
 				t.Errorf("want a refusal that says what to do; fenced said: %q", said)
 			}
 		})

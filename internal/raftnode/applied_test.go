@@ -2,6 +2,7 @@ package raftnode
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -80,4 +81,32 @@ func TestAppliedRecordFollowsTheNode(t *testing.T) {
 		t.Fatalf("applied-index after a node closed: %q, %v", b, err)
 	}
 	open(t, dir).Close()
+}
+
+// failingStore fails every write, as a full disk does.
+type failingStore struct{ *raft.InmemStore }
+
+func (failingStore) StoreLogs([]*raft.Log) error   { return errors.New("no space left on device") }
+func (failingStore) DeleteRange(_, _ uint64) error { return errors.New("no space left on device") }
+func (failingStore) Close() error                  { return nil }
+
+// TestHaltingStoreStopsAtAFailedWrite: an append and a delete that fail
+// (raft retries both for ever on a wedged raft-wal) panic with a
+// StorageError that names the data directory.
+func TestHaltingStoreStopsAtAFailedWrite(t *testing.T) {
+	s := &haltingStore{logStore: failingStore{raft.NewInmemStore()}, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	for name, write := range map[string]func(){
+		"StoreLogs":   func() { s.StoreLogs([]*raft.Log{{Index: 1}}) },
+		"DeleteRange": func() { s.DeleteRange(1, 2) },
+	} {
+		func() {
+			defer func() {
+				var se *StorageError
+				if err, _ := recover().(error); !errors.As(err, &se) || se.Dir != s.dir {
+					t.Errorf("%s that failed: recovered %v, want a StorageError naming %s", name, err, s.dir)
+				}
+			}()
+			write()
+		}()
+	}
 }

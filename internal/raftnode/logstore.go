@@ -120,6 +120,14 @@ func (s *haltingStore) StoreLogs(ls []*raft.Log) error {
 	return nil
 }
 
+// DeleteRange halts too: a follower that must drop a conflicting suffix
+// and cannot (a full disk) left raft-wal failing every retry, and unable
+// to open after the next restart.
+func (s *haltingStore) DeleteRange(lo, hi uint64) error {
+	s.check("delete from the Raft log", s.logStore.DeleteRange(lo, hi))
+	return nil
+}
+
 func (s *haltingStore) Set(k, v []byte) error {
 	s.check("write the Raft stable store", s.logStore.Set(k, v))
 	return nil

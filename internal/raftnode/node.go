@@ -239,9 +239,10 @@ func Open(cfg Config) (*Node, error) {
 			return fail(fmt.Errorf("bootstrap: %w", err))
 		}
 	}
-	r, err := raft.NewRaft(rc, (*machine)(n), store, store, snaps, trans)
+	r, err := newRaft(rc, (*machine)(n), store, snaps, trans)
 	if err != nil {
-		return fail(fmt.Errorf("start raft: %w", err))
+		return fail(fmt.Errorf("start raft in %s: %w; if a file in it was damaged: "+
+			"in a cluster, replace this node; alone, restore a backup (docs/operations.md)", cfg.DataDir, err))
 	}
 	n.raft = r
 	if cfg.OnLeaderChange != nil {
@@ -379,6 +380,19 @@ func (n *Node) Close() error {
 	err = errors.Join(err, n.store.Close())
 	n.unlock()
 	return err
+}
+
+// newRaft is raft.NewRaft, with a panic turned into an error: reading a
+// damaged log or snapshot at start, raft panics (a configuration or a
+// time that does not decode), where the caller can say which directory
+// and what to do.
+func newRaft(rc *raft.Config, fsm raft.FSM, store logStore, snaps raft.SnapshotStore, trans raft.Transport) (r *raft.Raft, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("reading the log or a snapshot: %v", p)
+		}
+	}()
+	return raft.NewRaft(rc, fsm, store, store, snaps, trans)
 }
 
 // checkNewestSnapshot refuses a data directory whose newest snapshot does
