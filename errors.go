@@ -50,6 +50,25 @@ var (
 	ErrClosed = errors.New("client is closed")
 )
 
+// These errors report a call the service refused before looking at its
+// leases: who is calling, what they may do, and what the service knows.
+// Nothing was changed.
+var (
+	// ErrUnauthenticated reports a call without valid credentials to a
+	// service that needs them: no client certificate or bearer token, or
+	// one the service does not know.
+	ErrUnauthenticated = errors.New("unauthenticated")
+
+	// ErrPermissionDenied reports a call whose caller the service knows
+	// but whose rules do not allow it: an operation, or a scope outside
+	// the caller's prefixes. Retrying does not help.
+	ErrPermissionDenied = errors.New("permission denied")
+
+	// ErrUnimplemented reports a call the service does not know, usually
+	// because it is older than the client.
+	ErrUnimplemented = errors.New("not implemented by the service")
+)
+
 // InvalidError describes a request field that was rejected. It unwraps to
 // [ErrInvalid].
 type InvalidError struct {

@@ -12,6 +12,7 @@ import (
 var sentinels = []error{
 	fence.ErrInvalid, fence.ErrHeld, fence.ErrLeaseLost, fence.ErrNotHolder,
 	fence.ErrStale, fence.ErrTokensExhausted, fence.ErrUnavailable, fence.ErrMissedEvents, fence.ErrClosed,
+	fence.ErrUnauthenticated, fence.ErrPermissionDenied, fence.ErrUnimplemented,
 }
 
 // wrappings are the ways a caller receives an error: as is, wrapped once

@@ -2,12 +2,13 @@ package client
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"connectrpc.com/connect"
+	"github.com/fence-dev/fence"
 )
 
 // maxCoalesced bounds the calls one batch RPC carries, so that one answer
@@ -149,7 +150,7 @@ func (b *coalescer[In, Out]) send(batch []*pending[In, Out]) {
 	if time.Now().UnixNano() >= b.alone.Load() {
 		outs, errs, err = b.many(ctx, ins)
 	}
-	if time.Now().UnixNano() < b.alone.Load() || connect.CodeOf(err) == connect.CodeUnimplemented {
+	if time.Now().UnixNano() < b.alone.Load() || errors.Is(err, fence.ErrUnimplemented) {
 		if err != nil {
 			b.alone.Store(time.Now().Add(time.Minute).UnixNano())
 		}

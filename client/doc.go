@@ -96,7 +96,11 @@
 // *[fence.HeldError]), [fence.ErrLeaseLost] (often a *[fence.LostError] with
 // the scope's current token), [fence.ErrNotHolder] (a lease ID the service
 // does not know for that scope), [fence.ErrInvalid] (a *[fence.InvalidError] naming the
-// rejected field), [fence.ErrTokensExhausted] and [fence.ErrUnavailable].
+// rejected field), [fence.ErrTokensExhausted] and [fence.ErrUnavailable];
+// a call the service refuses before it looks at leases, with
+// [fence.ErrUnauthenticated] (no valid credentials),
+// [fence.ErrPermissionDenied] (the auth file's rules do not allow it) or
+// [fence.ErrUnimplemented] (a service older than the call).
 //
 // # Retries
 //

@@ -33,6 +33,9 @@ var codes = []struct {
 	{fence.ErrTokensExhausted, connect.CodeResourceExhausted},
 	{fence.ErrUnavailable, connect.CodeUnavailable},
 	{fence.ErrMissedEvents, connect.CodeOutOfRange},
+	{fence.ErrUnauthenticated, connect.CodeUnauthenticated},
+	{fence.ErrPermissionDenied, connect.CodePermissionDenied},
+	{fence.ErrUnimplemented, connect.CodeUnimplemented},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }
@@ -77,7 +80,9 @@ func addDetail(e *connect.Error, m proto.Message) {
 // FromConnect turns an error from a call into the service back into fence's
 // errors: sentinels for errors.Is, and *fence.InvalidError, *fence.HeldError
 // or *fence.LostError when the details carry them. Transport failures
-// become fence.ErrUnavailable.
+// become fence.ErrUnavailable. Every code of the table comes back as its
+// sentinel, whether the service named the sentinel or answered the code
+// alone (as its authorization and connect-go's own 404 do).
 func FromConnect(err error) error {
 	if err == nil {
 		return nil

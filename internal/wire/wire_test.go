@@ -105,6 +105,24 @@ func errorCases() []errorCase {
 			sentinel: fence.ErrMissedEvents,
 		},
 		{
+			name:     "unauthenticated",
+			err:      fmt.Errorf("%w: this service needs credentials: a client certificate or a bearer token", fence.ErrUnauthenticated),
+			code:     connect.CodeUnauthenticated,
+			sentinel: fence.ErrUnauthenticated,
+		},
+		{
+			name:     "permission denied",
+			err:      fmt.Errorf("%w: %q may not %s %q", fence.ErrPermissionDenied, "worker", "acquire", "billing/1"),
+			code:     connect.CodePermissionDenied,
+			sentinel: fence.ErrPermissionDenied,
+		},
+		{
+			name:     "unimplemented",
+			err:      fmt.Errorf("%w: fence.v1.LeaseService.AcquireBatch", fence.ErrUnimplemented),
+			code:     connect.CodeUnimplemented,
+			sentinel: fence.ErrUnimplemented,
+		},
+		{
 			name:     "deadline exceeded",
 			err:      fmt.Errorf("wait for %q: %w", "orders", context.DeadlineExceeded),
 			code:     connect.CodeDeadlineExceeded,
@@ -124,6 +142,7 @@ func errorCases() []errorCase {
 var allSentinels = []error{
 	fence.ErrInvalid, fence.ErrHeld, fence.ErrLeaseLost, fence.ErrNotHolder, fence.ErrStale,
 	fence.ErrTokensExhausted, fence.ErrUnavailable, fence.ErrMissedEvents, context.DeadlineExceeded, context.Canceled,
+	fence.ErrUnauthenticated, fence.ErrPermissionDenied, fence.ErrUnimplemented,
 }
 
 // checkRoundTrip checks what FromConnect made of a case's error.
@@ -211,6 +230,34 @@ func TestUnknownErrors(t *testing.T) {
 	plain := errors.New("dial tcp: refused")
 	if err := wire.FromConnect(plain); err != plain {
 		t.Errorf("FromConnect(non-connect error) = %v, want it unchanged", err)
+	}
+}
+
+// TestBareCodes: an error the service answers with a code of the table
+// but without naming the sentinel (its authorization returns
+// *connect.Error as it is, connect-go answers a path it does not serve
+// with Unimplemented) comes back as that code's sentinel all the same,
+// with its message, alone or as one item of a batch.
+func TestBareCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err      *connect.Error
+		sentinel error
+	}{
+		{connect.NewError(connect.CodeUnauthenticated, errors.New("this service needs credentials: a client certificate or a bearer token")), fence.ErrUnauthenticated},
+		{connect.NewError(connect.CodePermissionDenied, errors.New(`"worker" may not acquire "billing/1"`)), fence.ErrPermissionDenied},
+		{connect.NewError(connect.CodeUnimplemented, errors.New("HTTP status 404 Not Found")), fence.ErrUnimplemented},
+	} {
+		t.Run(tc.err.Code().String(), func(t *testing.T) {
+			if got := wire.ToConnect(tc.err); got.Code() != tc.err.Code() {
+				t.Errorf("ToConnect code = %v, want %v", got.Code(), tc.err.Code())
+			}
+			for _, got := range []error{wire.FromConnect(tc.err), wire.FromFailure(wire.ToFailure(tc.err))} {
+				checkRoundTrip(t, errorCase{sentinel: tc.sentinel}, got)
+				if !strings.Contains(got.Error(), tc.err.Message()) {
+					t.Errorf("%q lost the message %q", got, tc.err.Message())
+				}
+			}
+		})
 	}
 }
 
