@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -62,77 +61,4 @@ func (c *Client) RenewBatch(ctx context.Context, rs []Renewal) ([]RenewResult, e
 		out[i].ExpiresIn = r.ExpiresIn.AsDuration()
 	}
 	return out, nil
-}
-
-// renewer sends the keep-alive renewals of a client's leases together:
-// while one RenewBatch call is out, the renewals that come due queue up and
-// go in the next one. A process holding thousands of leases, or all of them
-// renewing at once after a failover, makes a few calls instead of one each.
-type renewer struct {
-	c       *Client
-	mu      sync.Mutex
-	queue   []*queuedRenewal
-	running bool
-}
-
-type queuedRenewal struct {
-	Renewal
-	ctx  context.Context
-	done chan error
-}
-
-// renew renews one lease through the next batch, giving up when ctx ends.
-func (b *renewer) renew(ctx context.Context, r Renewal) error {
-	q := &queuedRenewal{Renewal: r, ctx: ctx, done: make(chan error, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, q)
-	start := !b.running
-	b.running = true
-	b.mu.Unlock()
-	if start {
-		go b.run()
-	}
-	select {
-	case err := <-q.done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("renew %q: %w", r.Scope, ctx.Err())
-	}
-}
-
-// run sends batches until the queue is empty.
-func (b *renewer) run() {
-	for {
-		b.mu.Lock()
-		n := min(len(b.queue), MaxRenewBatch)
-		if n == 0 {
-			b.running = false
-			b.mu.Unlock()
-			return
-		}
-		batch := b.queue[:n:n]
-		b.queue = b.queue[n:]
-		b.mu.Unlock()
-		b.send(batch)
-	}
-}
-
-// send makes one call for batch. The call lasts until the latest of its
-// renewals' deadlines, and is cancelled once every one of them gave up.
-func (b *renewer) send(batch []*queuedRenewal) {
-	rs := make([]Renewal, len(batch))
-	ctxs := make([]context.Context, len(batch))
-	for i, q := range batch {
-		rs[i], ctxs[i] = q.Renewal, q.ctx
-	}
-	ctx, stop := sharedContext(ctxs)
-	defer stop()
-	results, err := b.c.RenewBatch(ctx, rs)
-	for i, q := range batch {
-		if err != nil {
-			q.done <- err
-		} else {
-			q.done <- results[i].Err
-		}
-	}
 }

@@ -38,10 +38,10 @@ type Client struct {
 	// them one client.
 	own, shared *http.Client
 	cfg         config
-	renew       renewer // the leases' keep-alives
 
 	// The concurrent Acquire (without wait), Renew and Release calls,
-	// coalesced into batch calls (see coalescer).
+	// coalesced into batch calls (see coalescer); the leases' keep-alives
+	// renew through renewals too.
 	acquires *coalescer[*fencev1.AcquireRequest, granted]
 	renewals *coalescer[*fencev1.RenewRequest, fence.Lease]
 	releases *coalescer[*fencev1.ReleaseRequest, uint64]
@@ -92,10 +92,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 	}
 	c := &Client{own: own, shared: shared, cfg: cfg}
 	c.life, c.endLife = context.WithCancel(context.Background())
-	c.renew.c = c
-	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany}
-	c.renewals = &coalescer[*fencev1.RenewRequest, fence.Lease]{one: c.renewOne, many: c.renewMany}
-	c.releases = &coalescer[*fencev1.ReleaseRequest, uint64]{one: c.releaseOne, many: c.releaseMany}
+	c.acquires = &coalescer[*fencev1.AcquireRequest, granted]{one: c.grantOne, many: c.grantMany, max: maxCoalesced}
+	c.renewals = &coalescer[*fencev1.RenewRequest, fence.Lease]{one: c.renewOne, many: c.renewMany, max: MaxRenewBatch}
+	c.releases = &coalescer[*fencev1.ReleaseRequest, uint64]{one: c.releaseOne, many: c.releaseMany, max: maxCoalesced}
 	// Answers come uncompressed: a lease service runs near its clients,
 	// where gzip costs more CPU than it saves (a third of a renewal batch's
 	// CPU went to it), and the signatures in tokens do not compress.
@@ -227,7 +226,7 @@ func (c *Client) Close() error {
 			if !l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "its client was closed"}) {
 				return // lost or released meanwhile
 			}
-			l.wg.Wait()
+			<-l.exited
 			if _, err := c.Release(ctx, l.info.Scope, l.info.ID); err != nil {
 				errs[i] = fmt.Errorf("close: %w (it expires after its TTL of %v)", err, l.info.TTL)
 			}

@@ -100,7 +100,9 @@
 // a call the service refuses before it looks at leases, with
 // [fence.ErrUnauthenticated] (no valid credentials),
 // [fence.ErrPermissionDenied] (the auth file's rules do not allow it) or
-// [fence.ErrUnimplemented] (a service older than the call).
+// [fence.ErrUnimplemented] (a service older than the call). A call whose
+// context ends returns that context's error, and never a success it
+// learned of afterwards.
 //
 // # Retries
 //
@@ -129,7 +131,9 @@
 // load each batch carries the calls made during the last one. Each caller
 // gets its own answer and its own error, the one the single call would
 // have given, and a batch is retried as a whole with the same request IDs,
-// so the retry rules above hold for every acquire in it. A waiting acquire
+// so the retry rules above hold for every acquire in it. Each caller
+// returns when its own context ends, whatever the others of its batch wait
+// for: a call not sent yet is dropped, and the answer to one sent is. A waiting acquire
 // always goes alone: its wait would hold back the rest of a batch. A
 // service too old for the batch calls is called once per caller.
 //
@@ -208,6 +212,12 @@
 // not contact the service and returns the reason it was lost. If the
 // service still counts that lease current, the scope stays held until its
 // TTL runs out.
+//
+// With signed tokens, [Lease.Token] follows the service's signing key: each
+// renewal brings the token signed with the key that signs then, with the
+// same value. Read the token for each write rather than once per lease, so
+// that guards still accept it after a key rotation and the old key's grace
+// period.
 //
 // Every acquire asks for a TTL: 10s unless [WithTTL] says otherwise. A
 // service whose maximum TTL is lower refuses an acquire without WithTTL

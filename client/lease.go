@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
 
 // Lease is a held lease that keeps itself alive. It renews in the
@@ -31,12 +32,16 @@ type Lease struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	stop   chan struct{} // closed when the lease is lost
+	exited chan struct{} // closed when keepAlive has returned
 
 	mu         sync.Mutex
-	validUntil time.Time // local validity, monotonic
+	token      fence.Token // the token as last signed: renewals re-sign it with the current key
+	validUntil time.Time   // local validity, monotonic
 	err        error
+	// renewal is the keep-alive's latest renewal: lose drops it if it
+	// is still queued, and a release waits for it if it was sent.
+	renewal *call[*fencev1.RenewRequest, fence.Lease]
 }
 
 // Acquire acquires a lease on scope and keeps it alive until it is released
@@ -82,21 +87,27 @@ func (c *Client) Acquire(ctx context.Context, scope string, opts ...AcquireOptio
 	if margin == 0 {
 		margin = max(info.TTL/20, 5*time.Millisecond)
 	}
-	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), validUntil: sent.Add(info.TTL - margin)}
+	l := &Lease{c: c, info: info, margin: margin, stop: make(chan struct{}), exited: make(chan struct{}),
+		token: info.FencingToken(), validUntil: sent.Add(info.TTL - margin)}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := c.keep(l); err != nil {
 		err = fmt.Errorf("acquire %q: %w", scope, err)
 		l.cancel(err)
 		return abandon(err)
 	}
-	l.wg.Add(1)
 	go l.keepAlive(sent)
 	return l, nil
 }
 
 // Token returns the lease's fencing token. Present it with every write to
-// the protected resource.
-func (l *Lease) Token() fence.Token { return l.info.FencingToken() }
+// the protected resource. Its value never changes; when the service signs
+// tokens, it is signed with the key the service signed it with at the last
+// renewal, so that it stays verifiable after a key rotation.
+func (l *Lease) Token() fence.Token {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.token
+}
 
 // ID returns the lease ID, which renew and release need.
 func (l *Lease) ID() fence.LeaseID { return l.info.ID }
@@ -143,21 +154,47 @@ func (l *Lease) MarkLost(cause error) {
 
 // Release stops renewing and frees the scope at the service. Releasing a
 // lease that is already lost only stops it and returns its loss reason.
+// Release returns when ctx ends, with its error.
 func (l *Lease) Release(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		l.lose(err)
-		l.wg.Wait()
-		return err
+		return l.await(ctx, l.exited, err)
 	}
 	l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "released by its holder"})
 	// The keep-alive ends while the release is on its way, not before it:
-	// waiting for it first put a goroutine's wake-up into every cycle. A
-	// renewal it had in flight changes nothing: the lease is lost here
-	// already, and the service answers a renewal after the release lost.
+	// waiting for it first put a goroutine's wake-up into every cycle. Its
+	// renewal, if one was sent, goes first: answered after the release, it
+	// would find the lease gone, and the leader would publish it as lost.
+	if err := l.await(ctx, l.renewalDone(), nil); err != nil {
+		return err
+	}
 	_, err := l.c.Release(ctx, l.info.Scope, l.info.ID)
-	l.wg.Wait()
-	return err
+	return l.await(ctx, l.exited, err)
 }
+
+// await waits until done closes, then returns err; or ctx's error if ctx
+// ends first.
+func (l *Lease) await(ctx context.Context, done <-chan struct{}, err error) error {
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("release %q: %w", l.info.Scope, ctx.Err())
+	}
+}
+
+// renewalDone returns a channel closed once the keep-alive's latest
+// renewal has been answered or dropped: at once if there is none.
+func (l *Lease) renewalDone() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.renewal == nil {
+		return closed
+	}
+	return l.renewal.done
+}
+
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // lose records the first reason the lease ended and stops it. It reports
 // whether err was that first reason.
@@ -167,8 +204,12 @@ func (l *Lease) lose(err error) bool {
 	if first {
 		l.err = err
 	}
+	r := l.renewal
 	l.mu.Unlock()
 	if first {
+		if r != nil {
+			r.abandon(err) // a renewal still queued never goes out
+		}
 		l.cancel(err)
 		close(l.stop)
 		l.c.forget(l)
@@ -180,7 +221,7 @@ func (l *Lease) lose(err error) bool {
 // the send time its validity counts from, and ends the lease when the
 // service says it is lost or its local validity runs out.
 func (l *Lease) keepAlive(start time.Time) {
-	defer l.wg.Done()
+	defer close(l.exited)
 	every := l.info.TTL / 3
 	next := start.Add(every)
 	for {
@@ -205,11 +246,17 @@ func (l *Lease) keepAlive(start time.Time) {
 			continue
 		}
 		sent := time.Now()
-		err := l.renewOnce(valid)
+		renewed, err := l.renewOnce(valid)
 		switch {
 		case err == nil:
 			l.mu.Lock()
 			l.validUntil = sent.Add(l.info.TTL - l.margin)
+			if renewed.Signed.Signed() {
+				// The service signs with its current key: after a
+				// rotation, guards stop accepting the old key's
+				// signature once its grace ends.
+				l.token = renewed.Signed
+			}
 			l.mu.Unlock()
 			next = sent.Add(every)
 		case errors.Is(err, fence.ErrLeaseLost), errors.Is(err, fence.ErrNotHolder):
@@ -224,9 +271,20 @@ func (l *Lease) keepAlive(start time.Time) {
 
 // renewOnce sends one renewal, in a batch with the other leases of the
 // client that are due, and gives up when the lease's validity ends: an
-// answer after that would come too late to extend it.
-func (l *Lease) renewOnce(valid time.Time) error {
-	ctx, cancel := context.WithDeadline(l.ctx, valid)
+// answer after that would come too late to extend it. Its context is not
+// the lease's: a renewal that was sent is waited for after the lease is
+// lost, so that a release goes after it; one still queued is dropped.
+func (l *Lease) renewOnce(valid time.Time) (fence.Lease, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), valid)
 	defer cancel()
-	return l.c.renew.renew(ctx, Renewal{Scope: l.info.Scope, ID: l.info.ID})
+	r := newCall[*fencev1.RenewRequest, fence.Lease](ctx, &fencev1.RenewRequest{Scope: l.info.Scope, LeaseId: l.info.ID.String()})
+	l.mu.Lock()
+	if err := l.err; err != nil {
+		l.mu.Unlock()
+		return fence.Lease{}, err
+	}
+	l.renewal = r
+	l.mu.Unlock()
+	l.c.renewals.start(r)
+	return r.wait(ctx)
 }
