@@ -211,7 +211,10 @@
 // Releasing a lease that is already lost, including after MarkLost, does
 // not contact the service and returns the reason it was lost. If the
 // service still counts that lease current, the scope stays held until its
-// TTL runs out.
+// TTL runs out; except after the lease's local validity ran out, when the
+// keep-alive itself releases it, since a renewal the service granted may
+// have been answered too late (a release frees the scope only while the
+// lease is current, so it takes nothing from a newer holder).
 //
 // With signed tokens, [Lease.Token] follows the service's signing key: each
 // renewal brings the token signed with the key that signs then, with the

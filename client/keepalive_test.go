@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 )
@@ -178,5 +180,69 @@ func TestReleaseAfterRenewals(t *testing.T) {
 	}
 	if !sawRelease {
 		t.Error("no release of rel/b among the events")
+	}
+}
+
+// lateRenewals lets the service renew, but holds the first renewal's
+// answer until the call gives up, as a slow network would.
+type lateRenewals struct {
+	next http.RoundTripper
+	once sync.Once
+	late chan struct{} // closed when the late answer was dropped
+}
+
+func (lr *lateRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(r.URL.Path, "/Renew") && !strings.HasSuffix(r.URL.Path, "/RenewBatch") {
+		return lr.next.RoundTrip(r)
+	}
+	first := false
+	lr.once.Do(func() { first = true })
+	resp, err := lr.next.RoundTrip(r)
+	if !first || err != nil {
+		return resp, err
+	}
+	resp.Body.Close()
+	<-r.Context().Done()
+	close(lr.late)
+	return nil, r.Context().Err()
+}
+
+func (lr *lateRenewals) CloseIdleConnections() {
+	lr.next.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+}
+
+// TestLocallyLostLeaseReleased: a lease whose renewal the service granted
+// but whose answer came too late is lost locally; it is then released,
+// so its scope is free at once rather than after the TTL the late renewal
+// gave it (issue 33, item 11). The release only frees the scope while the
+// lease is current, so it can take nothing from a newer holder.
+func TestLocallyLostLeaseReleased(t *testing.T) {
+	srv, c := start(t)
+	ctx := testContext(t)
+	next := watchFrom(t, c, "late/")
+	lr := &lateRenewals{next: http.DefaultTransport.(*http.Transport).Clone(), late: make(chan struct{})}
+	slow := srv.Client(client.WithHTTPClient(&http.Client{Transport: lr}), client.WithHolder("slow"))
+	defer slow.Close()
+
+	l := acquire(t, slow, "late/a", client.WithTTL(600*time.Millisecond))
+	waitLost(t, l)
+	if err := l.Err(); !strings.Contains(err.Error(), "local validity ran out") {
+		t.Fatalf("Err() = %v, want the local validity to have run out", err)
+	}
+	for i := 0; ; i++ {
+		if i > 100 {
+			t.Fatal("no end of late/a in 100 events")
+		}
+		e := next()
+		if e.Scope != "late/a" || e.Kind == client.EventGranted || e.Kind == client.EventRenewed {
+			continue
+		}
+		if e.Kind != client.EventReleased {
+			t.Errorf("late/a ended with %+v, want released by its holder once lost locally", e)
+		}
+		break
+	}
+	if err := l.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
+		t.Errorf("Release of the lost lease = %v, want fence.ErrLeaseLost", err)
 	}
 }

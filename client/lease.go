@@ -238,8 +238,10 @@ func (l *Lease) keepAlive(start time.Time) {
 		case <-t.C:
 		}
 		if !time.Now().Before(valid) {
-			l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token,
-				Reason: fmt.Sprintf("no renewal confirmed within the TTL of %v (local validity ran out)", l.info.TTL)})
+			if l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token,
+				Reason: fmt.Sprintf("no renewal confirmed within the TTL of %v (local validity ran out)", l.info.TTL)}) {
+				l.releaseLost()
+			}
 			return
 		}
 		if time.Now().Before(next) {
@@ -266,6 +268,20 @@ func (l *Lease) keepAlive(start time.Time) {
 			// Transient: try again soon, while the lease is still valid.
 			next = time.Now().Add(max(l.info.TTL/20, 10*time.Millisecond))
 		}
+	}
+}
+
+// releaseLost releases a lease lost only locally: the service may still
+// count it current (a renewal it granted may have been answered too late),
+// and would hold its scope for up to a TTL. A release frees the scope only
+// while this lease ID is current, so it takes nothing from a newer holder.
+// Best effort: the service expires the lease within a TTL anyway, which
+// bounds the attempt, and Close ends it.
+func (l *Lease) releaseLost() {
+	ctx, cancel := context.WithTimeout(l.c.life, l.info.TTL)
+	defer cancel()
+	if l.await(ctx, l.renewalDone(), nil) == nil {
+		_, _ = l.c.Release(ctx, l.info.Scope, l.info.ID)
 	}
 }
 
