@@ -238,7 +238,9 @@ func (n *Node) knowsFormat(id, raftAddr string) error {
 	}
 	got, err := n.layer.probeFormat(raft.ServerAddress(raftAddr))
 	if err != nil {
-		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf("node %q does not say which log formats it knows (%v)", id, err)}
+		// Unreachable for now (a partition, a node still starting): the
+		// node retries its join, where a refusal would stop it for good.
+		return fmt.Errorf("%w: node %q does not say which log formats it knows (%v); try again once it is reachable", fence.ErrUnavailable, id, err)
 	}
 	if got < have {
 		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf(

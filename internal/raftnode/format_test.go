@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -169,6 +170,21 @@ func TestProbeFormat(t *testing.T) {
 	err = n.AddVoter(ctx, "old", string(old.LocalAddr()), "127.0.0.1:1")
 	if !errors.Is(err, fence.ErrInvalid) || !strings.Contains(err.Error(), "upgrade it first") {
 		t.Errorf("adding a voter of an older build: %v, want it refused", err)
+	}
+	// A node whose build cannot be asked now (cut off, restarting) is not
+	// an older build: unavailable, which a join retries, not a refusal
+	// that stops the joining node for good. A member already at its
+	// address is not asked at all.
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	if err := n.knowsFormat("cut-off", gone.Addr().String()); !errors.Is(err, fence.ErrUnavailable) || errors.Is(err, fence.ErrInvalid) {
+		t.Errorf("the format probe of a node that cannot be reached: %v, want unavailable", err)
+	}
+	if !n.isMember("n1", n.RaftAddr()) || n.isMember("n1", gone.Addr().String()) || n.isMember("cut-off", n.RaftAddr()) {
+		t.Error("isMember does not match the configuration's ID and address")
 	}
 	if err := n.raft.AddNonvoter("old", old.LocalAddr(), 0, 5*time.Second).Error(); err != nil {
 		t.Fatal(err)

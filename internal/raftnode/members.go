@@ -183,11 +183,16 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf(
 			"node %q runs without a Raft listener (--raft-listen) and cannot reach peers; only nodes started with --raft-listen form a cluster", n.cfg.NodeID)}
 	}
-	if err := n.reachable(id, raftAddr); err != nil {
-		return err
-	}
-	if err := n.knowsFormat(id, raftAddr); err != nil {
-		return err
+	// A member already at that address (restarted with --join) is not
+	// dialled nor probed: adding it again changes nothing, and a member cut
+	// off for now would be refused for good.
+	if !n.isMember(id, raftAddr) {
+		if err := n.reachable(id, raftAddr); err != nil {
+			return err
+		}
+		if err := n.knowsFormat(id, raftAddr); err != nil {
+			return err
+		}
 	}
 	r, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetNode, Node: id, Addr: apiAddr})
 	if err != nil {
@@ -204,22 +209,28 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 // reachable refuses to add a voter whose Raft address does not answer this
 // node (with the cluster's certificate, under TLS): a voter that never
 // answers counts against the quorum from the moment it is added, and a
-// cluster of one plus such a voter stops granting. A member already at that
-// address is not dialled: adding it again changes nothing.
+// cluster of one plus such a voter stops granting.
 func (n *Node) reachable(id, raftAddr string) error {
-	if f := n.raft.GetConfiguration(); f.Error() == nil {
-		for _, sv := range f.Configuration().Servers {
-			if string(sv.ID) == id && string(sv.Address) == raftAddr {
-				return nil
-			}
-		}
-	}
 	conn, err := n.layer.Dial(raft.ServerAddress(raftAddr), 3*time.Second)
 	if err != nil {
 		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf(
 			"node %q does not answer at %s (%v); start it first: a voter that never answers would cost the cluster its quorum", id, raftAddr, err)}
 	}
 	return conn.Close()
+}
+
+// isMember reports whether id is a member of the configuration at raftAddr.
+func (n *Node) isMember(id, raftAddr string) bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, sv := range f.Configuration().Servers {
+		if string(sv.ID) == id && string(sv.Address) == raftAddr {
+			return true
+		}
+	}
+	return false
 }
 
 // HandOff passes the leadership to the most up-to-date other voter, if
