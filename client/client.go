@@ -226,7 +226,11 @@ func (c *Client) Close() error {
 			if !l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "its client was closed"}) {
 				return // lost or released meanwhile
 			}
-			<-l.exited
+			// Its renewal, if one is out, goes first (see Lease.Release).
+			if err := l.await(ctx, l.exited, nil); err != nil {
+				errs[i] = fmt.Errorf("close: %w (it expires after its TTL of %v)", err, l.info.TTL)
+				return
+			}
 			if _, err := c.Release(ctx, l.info.Scope, l.info.ID); err != nil {
 				errs[i] = fmt.Errorf("close: %w (it expires after its TTL of %v)", err, l.info.TTL)
 			}
