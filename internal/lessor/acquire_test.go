@@ -120,7 +120,7 @@ func TestAbandonedAttemptKeepsTheGrantOfItsRetry(t *testing.T) {
 	// Now the first attempt's caller gives up.
 	gone, stop := context.WithCancel(ctx)
 	stop()
-	if _, err := l.awaitGrant(gone, key, queued, make(chan fsm.Event)); err == nil {
+	if _, err := l.inLine(gone, key, queued, make(chan fsm.Event), l.office.Load()); err == nil {
 		t.Fatal("abandoned attempt: no error")
 	}
 	l.waiters.remove(key, ch)

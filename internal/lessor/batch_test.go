@@ -17,6 +17,7 @@ type recorder struct {
 	mu       sync.Mutex
 	st       *fsm.State
 	proposed []fsm.Command
+	deposed  error // ConfirmLeader's answer
 }
 
 func (r *recorder) Read(f func(*fsm.State)) {
@@ -33,6 +34,13 @@ func (r *recorder) Apply(_ context.Context, c fsm.Command) (fsm.Result, error) {
 }
 
 func (r *recorder) Barrier(context.Context) error { return nil }
+
+// ConfirmLeader answers r.deposed, nil unless a test set it.
+func (r *recorder) ConfirmLeader(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deposed
+}
 
 // RaiseFormat leaves the format the test chose.
 func (r *recorder) RaiseFormat(context.Context) error {
@@ -112,5 +120,35 @@ func TestBatchOnANode(t *testing.T) {
 	}
 	if left := l.Left("x", rs[0].Lease.Token, time.Now()); left <= 0 {
 		t.Errorf("the batch's grant has no deadline (%v left): its events did not reach the lessor", left)
+	}
+}
+
+// TestRenewalNeedsLeadership: RenewBatch itself confirms that the node
+// still leads before a renewal may be confirmed, so that no RPC path can
+// skip it; a node that cannot confirm answers an error for the batch,
+// while a refusal is decided without asking.
+func TestRenewalNeedsLeadership(t *testing.T) {
+	l, node := parkingLessor(t, fsm.LogFormat)
+	ctx := context.Background()
+	held, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()})
+	if err != nil || held.Outcome != fsm.Granted {
+		t.Fatalf("acquire: %v, %v", held.Outcome, err)
+	}
+	deposed := errors.New("deposed")
+	node.mu.Lock()
+	node.deposed = deposed
+	node.mu.Unlock()
+	out := make([]Renewed, 1)
+	if err := l.RenewBatch(ctx, []Renewal{{Scope: "s", ID: held.Lease.ID}}, out); !errors.Is(err, deposed) {
+		t.Fatalf("renewal at a node that cannot confirm it leads: %v; want its error", err)
+	}
+	if err := l.RenewBatch(ctx, []Renewal{{Scope: "s", ID: fence.NewLeaseID()}}, out); err != nil || out[0].Outcome == fsm.Granted {
+		t.Fatalf("renewal of an unknown lease: %v, %v; want refused without asking", out[0].Outcome, err)
+	}
+	node.mu.Lock()
+	node.deposed = nil
+	node.mu.Unlock()
+	if err := l.RenewBatch(ctx, []Renewal{{Scope: "s", ID: held.Lease.ID}}, out); err != nil || out[0].Outcome != fsm.Granted || out[0].TTL != time.Minute {
+		t.Fatalf("renewal at the leader: %+v, %v; want renewed for a minute", out[0], err)
 	}
 }

@@ -106,16 +106,20 @@ func (d *deadlines) reset(n int, leases iter.Seq2[string, fsm.Lease], now time.T
 // same place of out. check reads the state machine's view of a lease ID;
 // it runs under d's lock so that decision cannot slip in between, and one
 // lock covers the whole batch. The caller already holds the state lock
-// (see the lock order above): check must not take it.
-func (d *deadlines) renew(now time.Time, rs []Renewal, out []Renewed, check func(Renewal) fsm.Result) {
+// (see the lock order above): check must not take it. It reports whether
+// it renewed any.
+func (d *deadlines) renew(now time.Time, rs []Renewal, out []Renewed, check func(Renewal) fsm.Result) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	renewed := false
 	for i, r := range rs {
 		// Decided in place: a Renewed is some 200 bytes, and returning
 		// it by value copied it twice more a renewal.
 		out[i] = Renewed{Result: check(r)}
 		d.renewLocked(r.Scope, &out[i], now)
+		renewed = renewed || out[i].Outcome == fsm.Granted
 	}
+	return renewed
 }
 
 // renewLocked decides the renewal of scope's lease that r's check found:

@@ -15,18 +15,21 @@ import (
 // not in the line that queries show.
 const maxPark = 5 * time.Millisecond
 
-// joins parks the waiting acquires for held scopes on the leader until the
-// next entry it proposes, which carries them (from fsm.WaitBatchFormat
-// on), so that joining a line costs no fsync of its own. On a contended
+// joins parks the waiting acquires on the leader until the next entry it
+// proposes, which carries them (from fsm.WaitBatchFormat on), so that
+// joining a line costs no fsync of its own. On a contended
 // scope the holder's release and the previous holder's next acquire arrive
 // together; proposed apart, the release waited for the acquire's fsync
 // and then for its own, two a hand-off.
 //
-// The order of arrival is kept: an acquire parks, rather than being
-// proposed, while others for its scope are parked or on their way, so the
-// line is first come first served as the leader saw them come. A parked
-// acquire is proposed on its own once its scope is free (a release or an
-// expiry not carrying it freed it) or it has waited maxPark.
+// The order of arrival is kept: every waiting acquire parks, in arrival
+// order per scope, and an entry takes a scope's parked acquires from the
+// front, so the line is first come first served as the leader saw them
+// come. One whose scope is free, with nothing of its scope parked or on its
+// way, is proposed at once by its own caller, in an entry that takes it
+// and whatever parked before it. Otherwise a parked acquire is proposed
+// once its scope is free (a release or an expiry not carrying it freed it)
+// or it has waited maxPark.
 type joins struct {
 	mu       sync.Mutex
 	open     bool               // in office
@@ -52,35 +55,44 @@ func newJoins() *joins {
 	return &joins{parked: make(map[string][]*join), inflight: make(map[string]int), kick: make(chan struct{}, 1), maxPark: maxPark}
 }
 
-// park parks c, a waiting acquire, and returns it, or returns nil if c
-// must be proposed now: out of office, under a log format without waiting
-// acquires in batches, or its scope free (or held by c's own lease, a
-// retry) and nothing for it parked or on its way.
-func (js *joins) park(n Node, c fsm.Command, now time.Time) *join {
+// park puts c, a waiting acquire, at the end of its scope's parked joins
+// and returns it, with now true if its caller is to propose an entry at
+// once to carry it: its scope free (or held by c's own lease, a retry) and
+// nothing of its scope parked or on its way before it. It returns nil out
+// of office, or under a log format without waiting acquires in batches: c
+// is then proposed on its own.
+//
+// A join let through so is parked like any other, and counted on its way
+// once an entry takes it: an acquire for its scope that comes after it
+// parks behind it and is never carried in front of it.
+func (js *joins) park(n Node, c fsm.Command, at time.Time) (*join, bool) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	if !js.open {
-		return nil
+		return nil, false
 	}
-	if len(js.parked[c.Scope]) == 0 && js.inflight[c.Scope] == 0 {
-		held := false
+	first := len(js.parked[c.Scope]) == 0 && js.inflight[c.Scope] == 0
+	held := false
+	if first {
+		format := 0
 		n.Read(func(st *fsm.State) {
-			if st.Format() < fsm.WaitBatchFormat {
+			if format = st.Format(); format < fsm.WaitBatchFormat {
 				return
 			}
 			l := st.Get(c.Scope).Lease
 			held = l != nil && l.ID != c.LeaseID && (c.RequestID == "" || l.RequestID != c.RequestID)
 		})
-		if !held {
-			return nil
+		if format < fsm.WaitBatchFormat {
+			return nil, false
 		}
 	}
-	j := &join{c: c, at: now, done: make(chan joined, 1)}
+	j := &join{c: c, at: at, done: make(chan joined, 1)}
 	js.parked[c.Scope] = append(js.parked[c.Scope], j)
-	if js.n.Add(1) == 1 {
+	now := first && !held
+	if js.n.Add(1) == 1 && !now {
 		js.wake() // for the flusher to time its maxPark
 	}
-	return j
+	return j, now
 }
 
 // unpark takes j back if it is still parked, reporting whether it was:

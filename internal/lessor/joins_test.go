@@ -43,7 +43,9 @@ func parkingLessor(t *testing.T, format int) (*Lessor, *eventRecorder) {
 	node := &eventRecorder{recorder: recorder{st: st}, l: l}
 	l.Open(node)
 	l.joins.maxPark = time.Hour
-	l.joins.enter()
+	l.mu.Lock()
+	l.enterLocked()
+	l.mu.Unlock()
 	return l, node
 }
 
@@ -250,14 +252,20 @@ func TestParkedWaiterGoesWhenTheScopeFrees(t *testing.T) {
 	l.joins.maxPark = 10 * time.Millisecond
 	l.joins.mu.Unlock()
 	go l.Acquire(ctx, waitingAcquire("long", "c"))
+	awaitInLine(t, node, "long", 1)
+}
+
+// awaitInLine waits until n acquires wait in scope's line in the state.
+func awaitInLine(t *testing.T, node Node, scope string, n int) {
+	t.Helper()
 	for end := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
 		var in fsm.ScopeInfo
-		node.Read(func(st *fsm.State) { in = st.Get("long") })
-		if in.Waiters == 1 {
-			break
+		node.Read(func(st *fsm.State) { in = st.Get(scope) })
+		if in.Waiters == n {
+			return
 		}
 		if time.Now().After(end) {
-			t.Fatalf("scope %+v 20s after a waiter came: it never joined the line", in)
+			t.Fatalf("scope %s: %+v after 20s; want %d in line", scope, in, n)
 		}
 	}
 }
@@ -335,5 +343,112 @@ func TestWaitersHandOff(t *testing.T) {
 	}
 	if n := l.joins.n.Load(); n != 0 {
 		t.Errorf("%d still parked at the end", n)
+	}
+}
+
+// TestWaiterInLineLeavesWithTheOffice: a waiter already in the state
+// machine's line is answered unavailable when its leader leaves office,
+// though the node applies nothing more: a leader deposed and cut off never
+// applies the next leader's promote, which drops the line.
+func TestWaiterInLineLeavesWithTheOffice(t *testing.T) {
+	l, node := parkingLessor(t, fsm.WaitBatchFormat-1) // no parking: straight into the line
+	ctx := context.Background()
+	if _, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "a", TTL: time.Minute, At: time.Now().UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan answer, 1)
+	go func() {
+		r, err := l.Acquire(ctx, waitingAcquire("s", "b"))
+		done <- answer{r, err}
+	}()
+	awaitInLine(t, node, "s", 1)
+	select {
+	case a := <-done:
+		t.Fatalf("waiter in line answered before the leader left: %v, %v", a.r.Outcome, a.err)
+	default:
+	}
+	l.Lead(false)
+	if a := await(t, done); !errors.Is(a.err, fence.ErrUnavailable) {
+		t.Fatalf("waiter in line at a deposed leader: %v, %v; want unavailable", a.r.Outcome, a.err)
+	}
+}
+
+// readGate blocks the nth Read of a node after it is armed, until opened.
+type readGate struct {
+	*eventRecorder
+	mu      sync.Mutex
+	left    int           // Reads to let pass before blocking; -1: disarmed
+	blocked chan struct{} // closed when a Read blocks
+	open    chan struct{}
+}
+
+func (g *readGate) Read(f func(*fsm.State)) {
+	g.mu.Lock()
+	block := g.left == 0
+	if g.left >= 0 {
+		g.left--
+	}
+	g.mu.Unlock()
+	if block {
+		close(g.blocked)
+		<-g.open
+	}
+	g.eventRecorder.Read(f)
+}
+
+// TestLetThroughWaiterKeepsItsPlace: a waiting acquire for a free scope,
+// proposed at once, keeps its place ahead of a waiter that came after it,
+// even when that one parks before the first is proposed and rides the
+// first one's entry. Here the first is held up between being let through
+// and proposing (at its second Read of the state) while another acquire
+// takes the scope and a second waiter parks behind that holder.
+func TestLetThroughWaiterKeepsItsPlace(t *testing.T) {
+	l, rec := parkingLessor(t, fsm.WaitBatchFormat)
+	gate := &readGate{eventRecorder: rec, left: 1, blocked: make(chan struct{}), open: make(chan struct{})}
+	l.node = gate
+	ctx := context.Background()
+	first := waitingAcquire("s", "first")
+	firstDone := make(chan answer, 1)
+	go func() {
+		r, err := l.Acquire(ctx, first)
+		firstDone <- answer{r, err}
+	}()
+	select {
+	case <-gate.blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first waiter did not reach its second Read within 20s")
+	}
+	x, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "x", TTL: time.Minute, At: time.Now().UnixNano()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := waitingAcquire("s", "second")
+	secondDone := acquireAsync(t, ctx, l, second, 1)
+	close(gate.open)
+	if x.Outcome == fsm.Granted {
+		if _, err := l.Release(ctx, "s", x.Lease.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var a answer
+	var want, other fsm.Command
+	var otherDone chan answer
+	select {
+	case a = <-firstDone:
+		want, other, otherDone = first, second, secondDone
+	case a = <-secondDone:
+		want, other, otherDone = second, first, firstDone
+		t.Errorf("the waiter that came second was granted first")
+	case <-time.After(20 * time.Second):
+		t.Fatal("neither waiter answered within 20s")
+	}
+	if a.err != nil || a.r.Outcome != fsm.Granted || a.r.Lease.ID != want.LeaseID {
+		t.Fatalf("first answer: %v, %v", a.r.Outcome, a.err)
+	}
+	if _, err := l.Release(ctx, "s", want.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if b := await(t, otherDone); b.err != nil || b.r.Lease.ID != other.LeaseID {
+		t.Fatalf("second answer: %v, %v", b.r.Outcome, b.err)
 	}
 }

@@ -4,13 +4,54 @@
 // in line included), renewals and releases. It knows nothing of RPCs,
 // authorization or events shown to people: the server wires it to those.
 //
+// # Renewals
+//
+// RenewBatch moves deadlines and then, if it renewed any, confirms that the
+// node still leads (Node.ConfirmLeader) before it returns: an error means
+// no renewal of the batch may be confirmed to its holder. The rule lives
+// here so that no RPC path can skip it.
+//
+// # A waiting acquire's life
+//
+// Every acquire with wait goes through these states, in this order, and
+// leaves by one of the answers named (Acquire, wait, carry, inLine):
+//
+//  1. Admitted: Config.Admit counts it against its owner until answered.
+//  2. Listening: registered under its wait key (request ID, else lease
+//     ID), before anything is proposed, since the grant may be applied
+//     before the proposal returns.
+//  3. Parked (joins): in office, from fsm.WaitBatchFormat on, it waits on
+//     the leader, behind the earlier waiting acquires of its scope, for an
+//     entry to carry it: the next one proposed, one its own caller
+//     proposes at once if its scope is free and nothing of its scope is
+//     parked or on its way, or the flusher's once its scope frees or after
+//     maxPark. Out of office, or below that format, it skips this state
+//     and is proposed alone. Leaves: its caller gives up (context error,
+//     nothing proposed); the office ends (leader changed).
+//  4. Carried: in an entry on its way. Leaves with the entry's result for
+//     it (granted, held, refused: answered as such; queued: on to 5) or its
+//     error (outcome unknown: the caller retries with its request ID).
+//  5. In line: in the state machine's line, for as long as the office that
+//     answered it queued lasts. Leaves: its grant (granted); its removal by
+//     a new leader's promote (leader changed); the end of the office
+//     (leader changed: a leader deposed and cut off never applies the next
+//     one's promote, and its waiter must not hang; the line is not
+//     withdrawn, the next promote drops it and a retry with the same
+//     request ID finds its place if it outlived the office); its caller
+//     gives up (it proposes its own withdrawal, unless another attempt of
+//     the same request ID waits in that place or was answered with its
+//     grant).
+//
+// "Leader changed" is fence.ErrUnavailable: the client retries at the next
+// leader.
+//
 // # Lock order
 //
 // Three locks meet here; whoever holds one of them takes only the ones
 // below it:
 //
-//  1. Lessor.mu, the office: taking office sets ready under it, leaving
-//     office clears ready and cancels the office under it.
+//  1. Lessor.mu, the office: taking office begins it under it, leaving
+//     office ends it and cancels its work under it.
 //  2. joins.mu, the parked waiting acquires.
 //  3. The state machine's lock, held by Node.Read and by the writer that
 //     applies commands.
@@ -42,6 +83,9 @@ type Node interface {
 	Apply(ctx context.Context, c fsm.Command) (fsm.Result, error)
 	// Barrier returns once every entry committed before it is applied.
 	Barrier(ctx context.Context) error
+	// ConfirmLeader returns once this node is known to have led at some
+	// moment after the call, or with an error if that cannot be known.
+	ConfirmLeader(ctx context.Context) error
 	// RaiseFormat raises the cluster's log format to the highest this
 	// build knows, if every member knows it; an error says why it did not.
 	RaiseFormat(ctx context.Context) error
@@ -79,9 +123,11 @@ type Lessor struct {
 	deadlines *deadlines
 	waiters   waiters
 	joins     *joins
-	ready     atomic.Bool // leader with a complete state: serving
+	// office is the term in office this node serves, nil while it does
+	// not: set when it is ready, taken away when it leaves.
+	office atomic.Pointer[office]
 
-	mu     sync.Mutex // the office: guards stop, and ready's changes with it
+	mu     sync.Mutex // the office: guards stop, and office's changes with it
 	stop   context.CancelFunc
 	closed bool
 	bg     sync.WaitGroup
@@ -108,8 +154,15 @@ func (l *Lessor) Open(n Node) {
 	close(l.opened)
 }
 
+// office is one term in office, from the moment the node serves until it
+// leaves. The waiters in line that it answered queued wait no longer than
+// it lasts.
+type office struct {
+	left chan struct{} // closed when the node leaves office
+}
+
 // Ready reports whether this node is leader, has taken office, and serves.
-func (l *Lessor) Ready() bool { return l.ready.Load() }
+func (l *Lessor) Ready() bool { return l.office.Load() != nil }
 
 // Lead runs on leadership changes. A new leader first applies its whole
 // log (Barrier), then gives every held lease a full TTL, then drops the
@@ -169,11 +222,14 @@ func (l *Lessor) Stop() {
 // after closing the node, so that no proposal is left waiting.
 func (l *Lessor) Wait() { l.bg.Wait() }
 
-// leaveLocked clears ready and cancels the office together, under l.mu,
-// where takeOffice checks its context and sets ready: an office cancelled
-// before it sets ready never sets it.
+// leaveLocked ends the office and cancels its work together, under l.mu,
+// where takeOffice checks its context and begins the office: an office
+// cancelled before it begins never does. Every waiter of the office, parked
+// or in line, is answered "leader changed".
 func (l *Lessor) leaveLocked() {
-	l.ready.Store(false)
+	if o := l.office.Swap(nil); o != nil {
+		close(o.left)
+	}
 	l.joins.leave()
 	if l.stop != nil {
 		l.stop()
@@ -228,10 +284,15 @@ func (l *Lessor) takeOffice(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	l.joins.enter()
-	l.ready.Store(true)
+	l.enterLocked()
 	l.cfg.Logger.Info("leader ready", "held_leases", held, "token_floor", floor)
 	return nil
+}
+
+// enterLocked begins an office: the node serves.
+func (l *Lessor) enterLocked() {
+	l.joins.enter()
+	l.office.Store(&office{left: make(chan struct{})})
 }
 
 // expireLoop proposes the expiry of every lease whose deadline passes,
@@ -313,58 +374,68 @@ func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
 }
 
 // Acquire proposes an acquire command, stamped and validated by the caller,
-// and, if it joins the line, waits until it is granted or ctx is done, in
-// which case it withdraws from the line. The result's outcome is the
-// command's, or Granted after a wait.
+// and, if it waits, follows it through its life (see the package doc) until
+// it is granted, refused, or ctx is done, in which case it withdraws from
+// the line. The result's outcome is the command's, or Granted after a wait.
 func (l *Lessor) Acquire(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 	done, err := l.admit(c)
 	if err != nil {
 		return fsm.Result{}, err
 	}
 	defer done()
-	var (
-		key  string
-		wait chan fsm.Event
-	)
-	if c.Wait {
-		// Listen before proposing: the grant may be applied before Apply
-		// returns to us.
-		key = waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
-		var err error
-		if wait, err = l.waiters.add(ctx, key); err != nil {
-			return fsm.Result{}, fmt.Errorf("acquire %q: %w", c.Scope, err)
-		}
-		defer l.waiters.remove(key, wait)
+	if !c.Wait {
+		return l.proposeOne(ctx, c)
 	}
-	var r fsm.Result
-	if c.Wait {
-		r, err = l.join(ctx, c)
-	} else {
-		r, err = l.proposeOne(ctx, c)
+	return l.wait(ctx, c)
+}
+
+// wait is the life of a waiting acquire.
+func (l *Lessor) wait(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	// Listen before proposing: the grant may be applied before Apply
+	// returns to us.
+	key := waitKey(c.Scope, fsm.Lease{ID: c.LeaseID, RequestID: c.RequestID})
+	grant, err := l.waiters.add(ctx, key)
+	if err != nil {
+		return fsm.Result{}, fmt.Errorf("acquire %q: %w", c.Scope, err)
 	}
+	defer l.waiters.remove(key, grant)
+	r, err := l.carry(ctx, c)
 	if err != nil {
 		return r, err
 	}
 	if r.Outcome == fsm.Queued {
+		// The office that answered it queued: its line is this office's,
+		// and no longer than it lasts. With none, the next office's
+		// promote drops it.
+		o := l.office.Load()
+		if o == nil {
+			return fsm.Result{}, leaderChanged(c.Scope)
+		}
 		done := func(bool) {}
 		if l.cfg.Queued != nil {
 			done = l.cfg.Queued()
 		}
-		r, err = l.awaitGrant(ctx, key, r, wait)
+		r, err = l.inLine(ctx, key, r, grant, o)
 		done(err == nil)
 	}
-	if c.Wait && r.Outcome == fsm.Granted {
+	if r.Outcome == fsm.Granted {
 		l.waiters.answered(key)
 	}
 	return r, err
 }
 
-// join proposes a waiting acquire, or parks it until an entry carries it
-// (see joins).
-func (l *Lessor) join(ctx context.Context, c fsm.Command) (fsm.Result, error) {
-	j := l.joins.park(l.node, c, time.Now())
+// carry brings a waiting acquire into an entry and returns its result
+// there: parked until an entry carries it (see joins), or proposed now.
+func (l *Lessor) carry(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	j, now := l.joins.park(l.node, c, time.Now())
 	if j == nil {
 		return l.proposeOne(ctx, c)
+	}
+	if now {
+		// Its scope is free: propose now, carrying it behind whatever
+		// parked before it. If this entry fails, j is answered with its
+		// error; if another entry took j first, that one answers it.
+		l.propose(ctx, nil)
 	}
 	select {
 	case a := <-j.done:
@@ -407,15 +478,31 @@ func (l *Lessor) flushLoop(ctx context.Context) {
 	}
 }
 
-// awaitGrant waits in line until the queued acquire is granted or its
-// caller gives up, in which case it withdraws from the queue, unless
-// another attempt with the same request ID uses that place or its grant.
-func (l *Lessor) awaitGrant(ctx context.Context, key string, queued fsm.Result, wait chan fsm.Event) (fsm.Result, error) {
-	select {
-	case e := <-wait:
+// inLine waits in the state machine's line until the queued acquire is
+// granted, the office o ends or the line is dropped (a promote), both
+// answered "leader changed", or its caller gives up, in which case it
+// withdraws from the line, unless another attempt with the same request ID
+// uses that place or its grant.
+func (l *Lessor) inLine(ctx context.Context, key string, queued fsm.Result, grant chan fsm.Event, o *office) (fsm.Result, error) {
+	granted := func(e fsm.Event) (fsm.Result, error) {
 		if e.Kind == fsm.EventGranted {
 			return fsm.Result{Outcome: fsm.Granted, Scope: e.Scope, Lease: e.Lease}, nil
 		}
+		return fsm.Result{}, leaderChanged(queued.Scope)
+	}
+	select {
+	case e := <-grant:
+		return granted(e)
+	case <-o.left:
+		// A grant that came with the end of the office is still one.
+		select {
+		case e := <-grant:
+			return granted(e)
+		default:
+		}
+		// Not withdrawn: a deposed leader cannot, and the next
+		// leader's promote drops the line; a retry with the same
+		// request ID finds this place if the line outlived the office.
 		return fsm.Result{}, leaderChanged(queued.Scope)
 	case <-ctx.Done():
 	}
@@ -452,16 +539,24 @@ const renewChunk = 128
 // RenewBatch moves each lease's deadline a full TTL ahead if its ID is the
 // scope's current lease and its expiry has not been decided, taking the
 // locks once for many of them, and answers rs[i] in out[i] (out is as long
-// as rs; the caller's, so that it can reuse it). The caller confirms a
-// renewal to its holder only once it has confirmed this node still leads.
-func (l *Lessor) RenewBatch(rs []Renewal, out []Renewed) {
+// as rs; the caller's, so that it can reuse it). If it renewed any, it then
+// confirms that this node still leads (Node.ConfirmLeader) and returns its
+// error if it cannot: then none of the renewals may be confirmed to its
+// holder, since a new leader counts the TTL from its own start, not from
+// this renewal. A refusal in out stands either way.
+func (l *Lessor) RenewBatch(ctx context.Context, rs []Renewal, out []Renewed) error {
+	renewed := false
 	for start := 0; start < len(rs); start += renewChunk {
 		end := min(start+renewChunk, len(rs))
 		// The state lock first, then the deadlines': see the lock order.
 		l.node.Read(func(st *fsm.State) {
-			l.deadlines.renew(time.Now(), rs[start:end], out[start:end], func(r Renewal) fsm.Result { return st.Check(r.Scope, r.ID) })
+			renewed = l.deadlines.renew(time.Now(), rs[start:end], out[start:end], func(r Renewal) fsm.Result { return st.Check(r.Scope, r.ID) }) || renewed
 		})
 	}
+	if !renewed {
+		return nil
+	}
+	return l.node.ConfirmLeader(ctx)
 }
 
 // Batch proposes acquires without wait and releases, stamped and validated

@@ -41,7 +41,7 @@ func TestRenewWhileTakingOffice(t *testing.T) {
 					return
 				default:
 				}
-				l.RenewBatch([]Renewal{{Scope: fmt.Sprintf("s%d", i), ID: ids[i]}}, make([]Renewed, 1))
+				l.RenewBatch(ctx, []Renewal{{Scope: fmt.Sprintf("s%d", i), ID: ids[i]}}, make([]Renewed, 1))
 			}
 		})
 	}

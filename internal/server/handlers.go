@@ -251,15 +251,12 @@ func (s *Server) Renew(ctx context.Context, req *connect.Request[fencev1.RenewRe
 	}
 	asked := []lessor.Renewal{{Scope: scope, ID: id}}
 	decided := make([]lessor.Renewed, 1)
-	s.extend(asked, decided)
+	if err := s.extend(ctx, asked, decided); err != nil {
+		return nil, wire.ToConnect(err)
+	}
 	r := decided[0].Result
 	if r.Outcome != fsm.Granted {
 		return nil, wire.ToConnect(s.outcomeError(r))
-	}
-	// A deposed leader that has not noticed must not confirm: the new
-	// leader would count the TTL from its own start, not from this renewal.
-	if err := s.node.ConfirmLeader(ctx); err != nil {
-		return nil, wire.ToConnect(err)
 	}
 	s.confirmed(ctx, asked, decided)
 	return connect.NewResponse(&fencev1.RenewResponse{Lease: s.lease(scope, r.Lease, true)}), nil
@@ -305,11 +302,8 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 	}()
 	*pooled = slices.Grow((*pooled)[:0], len(asked))[:len(asked)]
 	decided := *pooled
-	s.extend(asked, decided)
-	if slices.ContainsFunc(decided, func(r lessor.Renewed) bool { return r.Outcome == fsm.Granted }) {
-		if err := s.node.ConfirmLeader(ctx); err != nil {
-			return nil, wire.ToConnect(err)
-		}
+	if err := s.extend(ctx, asked, decided); err != nil {
+		return nil, wire.ToConnect(err)
 	}
 	// The results in one allocation rather than one each.
 	results := make([]fencev1.RenewResult, len(rs))
@@ -346,15 +340,16 @@ func (s *Server) RenewBatch(ctx context.Context, req *connect.Request[fencev1.Re
 var renewedPool = sync.Pool{New: func() any { return new([]lessor.Renewed) }}
 
 // extend renews each lease as lessor.RenewBatch does, into out, and
-// publishes those found lost as such. The caller confirms only after
-// ConfirmLeader.
-func (s *Server) extend(rs []lessor.Renewal, out []lessor.Renewed) {
-	s.lessor.RenewBatch(rs, out)
+// publishes those found lost as such. On an error, the lessor could not
+// confirm that this node still leads, and no renewal may be confirmed.
+func (s *Server) extend(ctx context.Context, rs []lessor.Renewal, out []lessor.Renewed) error {
+	err := s.lessor.RenewBatch(ctx, rs, out)
 	for _, r := range out {
 		if r.Outcome != fsm.Granted {
 			s.renewRefused(r.Result)
 		}
 	}
+	return err
 }
 
 // Release implements fence.v1.LeaseService.Release.
