@@ -20,8 +20,11 @@ import (
 // address, and because the holder is recorded with each lease, so the
 // count survives a leader change.
 //
-// The leader rebuilds the lease counts from the state when it takes office
-// and keeps them current from the lease events. Each admitted acquire
+// Every node keeps the lease counts from the lease events, in log order,
+// and counts them anew from the state when a snapshot replaces it (Reset),
+// both on the goroutine that applies the log: a count never misses a
+// transition or takes one twice, and a node that takes office has them
+// ready. Each admitted acquire
 // counts as a lease until it is answered, so acquires racing each other,
 // or a batch of many, cannot pass the limit. It is safe for concurrent use.
 type Owners struct {
@@ -49,7 +52,10 @@ func (o owner) String() string {
 	return fmt.Sprintf("holder %q", o.holder)
 }
 
-// Reset counts the leases of the state anew.
+// Reset counts the leases of the state anew. It is called where Event is,
+// on the goroutine that applies the log, after a snapshot replaced the
+// state: an event of an entry applied before the state read must not come
+// after it, or it would be counted twice.
 func (o *Owners) Reset(leases iter.Seq2[string, fsm.Lease]) {
 	n := make(map[owner]int)
 	for _, l := range leases {
@@ -66,7 +72,7 @@ func (o *Owners) Event(e fsm.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		return // not leader yet: reset builds it
+		o.n = make(map[owner]int)
 	}
 	switch e.Kind {
 	case fsm.EventGranted:

@@ -229,3 +229,44 @@ func TestDeadlinesAgainstModel(t *testing.T) {
 		}
 	})
 }
+
+// TestRestoreForgetsEndedLeases: on a follower, a snapshot installed from
+// the leader replaces the state without the events of the entries it
+// covers; the deadlines of leases that ended meanwhile are forgotten and
+// those granted meanwhile tracked, not left as they were until the node
+// takes office (issue 33, item 12).
+func TestRestoreForgetsEndedLeases(t *testing.T) {
+	l := New(Config{}) // a follower: never in office
+	now := time.Now()
+	apply := func(st *fsm.State, c fsm.Command) fsm.Result {
+		r := st.Apply(c)
+		l.Applied(r.Events, now)
+		return r
+	}
+	acquire := func(scope string) fsm.Command {
+		return fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: fence.NewLeaseID(), Holder: "h", TTL: time.Minute, At: now.UnixNano()}
+	}
+	st := fsm.New()
+	ended := apply(st, acquire("ended")).Lease
+	kept := apply(st, acquire("kept")).Lease
+	// The leader's state, which the snapshot carries: "ended" was released
+	// and "new" granted in entries this follower never applied.
+	leader := fsm.New()
+	leader.Apply(fsm.Command{Op: fsm.OpAcquire, Scope: "ended", LeaseID: ended.ID, Holder: "h", TTL: time.Minute, At: now.UnixNano()})
+	leader.Apply(fsm.Command{Op: fsm.OpAcquire, Scope: "kept", LeaseID: kept.ID, Holder: "h", TTL: time.Minute, At: now.UnixNano()})
+	leader.Apply(fsm.Command{Op: fsm.OpRelease, Scope: "ended", LeaseID: ended.ID, At: now.UnixNano()})
+	added := leader.Apply(acquire("new")).Lease
+	l.Restored(leader, now)
+	if got := l.Left("ended", ended.Token, now); got != 0 {
+		t.Errorf("a lease that ended before the snapshot: %v left; want forgotten", got)
+	}
+	if got := l.Left("kept", kept.Token, now); got != time.Minute {
+		t.Errorf("a lease held throughout: %v left; want a minute", got)
+	}
+	if got := l.Left("new", added.Token, now); got != time.Minute {
+		t.Errorf("a lease granted before the snapshot: %v left; want a minute", got)
+	}
+	if n := len(l.deadlines.by); n != 2 {
+		t.Errorf("%d deadlines tracked, want 2", n)
+	}
+}

@@ -373,6 +373,16 @@ func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
 	}
 }
 
+// Restored takes in a state that replaced the node's from a snapshot (on a
+// follower, installed from the leader): every held lease is tracked anew,
+// and those that ended meanwhile, whose events this node never had, are
+// forgotten. The node calls it on the goroutine that applies commands, so
+// no event comes between. A leader gives every lease a full TTL anyway
+// when it takes office.
+func (l *Lessor) Restored(st *fsm.State, now time.Time) {
+	l.deadlines.reset(st.HeldCount(), st.Leases(), now)
+}
+
 // Acquire proposes an acquire command, stamped and validated by the caller,
 // and, if it waits, follows it through its life (see the package doc) until
 // it is granted, refused, or ctx is done, in which case it withdraws from

@@ -90,8 +90,12 @@ type Config struct {
 	// applied command, after the state is updated and before the command's
 	// proposer is answered. It must not block.
 	OnEvents func([]fsm.Event)
-	// OnRestore is called after the state was replaced by a snapshot.
-	OnRestore func()
+	// OnRestore is called with the new state after the state was replaced
+	// by a snapshot (at start, or installed from the leader), on the
+	// goroutine that applies commands: no command's events come between the
+	// state it reads and the events OnEvents gets next. It must only read
+	// st, not keep it, and not block.
+	OnRestore func(st *fsm.State)
 	// OnLeader is called with true when this node becomes leader and with
 	// false when it stops being leader. Calls are serialised.
 	OnLeader func(bool)
@@ -510,7 +514,8 @@ func (m *machine) Restore(rc io.ReadCloser) error {
 	m.format.Store(int64(st.Format()))
 	m.mu.Unlock()
 	if m.cfg.OnRestore != nil {
-		m.cfg.OnRestore()
+		// Read without the lock: only this goroutine writes the state.
+		m.cfg.OnRestore(st)
 	}
 	return nil
 }

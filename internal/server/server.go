@@ -150,7 +150,7 @@ func Start(cfg Config) (*Server, error) {
 		SnapshotInterval:  cfg.SnapshotInterval,
 		Logger:            cfg.Logger,
 		OnEvents:          s.onEvents,
-		OnRestore:         func() { s.log.Info("state restored from snapshot") },
+		OnRestore:         s.restored,
 		OnLeader:          s.lessor.Lead,
 		OnLeaderChange:    s.leaderChanged,
 	})
@@ -310,8 +310,9 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // takeOffice is the server's part of taking office, once the lessor has
-// extended every lease: its address for followers to forward to, the
-// signing key, and the count of leases by owner.
+// extended every lease: its address for followers to forward to, and the
+// signing key. The count of leases by owner is kept on every node
+// (onEvents, restored).
 func (s *Server) takeOffice(ctx context.Context) error {
 	if err := s.recordSelf(ctx); err != nil {
 		return fmt.Errorf("record this node's API address: %w", err)
@@ -319,8 +320,16 @@ func (s *Server) takeOffice(ctx context.Context) error {
 	if err := s.ensureKey(ctx); err != nil {
 		return fmt.Errorf("create the token-signing key: %w", err)
 	}
-	s.node.Read(func(st *fsm.State) { s.owners.Reset(st.Leases()) })
 	return nil
+}
+
+// restored runs when a snapshot replaced the state, on the goroutine that
+// applies the log, in order with onEvents: the lessor's deadlines and the
+// count of leases by owner forget the leases that ended meanwhile.
+func (s *Server) restored(st *fsm.State) {
+	s.lessor.Restored(st, time.Now())
+	s.owners.Reset(st.Leases())
+	s.log.Info("state restored from snapshot", "held_leases", st.HeldCount())
 }
 
 // onEvents runs in log order for every applied command's transitions.
