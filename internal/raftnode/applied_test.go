@@ -110,3 +110,23 @@ func TestHaltingStoreStopsAtAFailedWrite(t *testing.T) {
 		}()
 	}
 }
+
+// TestHaltingStoreKeepsMonotonic: raft asks its log store whether it
+// refuses gaps, and after installing a snapshot resets such a log instead
+// of leaving entries below the gap. Wrapped without the answer, raft-wal
+// refused the first entry after a follower's snapshot install, and the
+// follower halted.
+func TestHaltingStoreKeepsMonotonic(t *testing.T) {
+	for kind, want := range map[string]bool{LogWAL: true, LogBolt: false} {
+		opened, _, err := openLog(t.TempDir(), kind, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s raft.LogStore = &haltingStore{logStore: opened, log: slog.New(slog.DiscardHandler)}
+		m, ok := s.(raft.MonotonicLogStore)
+		if got := ok && m.IsMonotonic(); got != want {
+			t.Errorf("%s log behind haltingStore: monotonic %v, want %v", kind, got, want)
+		}
+		opened.Close()
+	}
+}

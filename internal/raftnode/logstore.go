@@ -110,6 +110,15 @@ type haltingStore struct {
 	log *slog.Logger
 }
 
+// IsMonotonic passes raft-wal's answer through, as raft.LogCache does.
+// Hidden by the wrapper, it made a follower that installed a snapshot keep
+// its old entries below the gap, and raft-wal then refused the first entry
+// after the snapshot ("non-monotonic log entries"), which halted the node.
+func (s *haltingStore) IsMonotonic() bool {
+	m, ok := s.logStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (s *haltingStore) StoreLog(l *raft.Log) error {
 	s.check("append to the Raft log", s.logStore.StoreLog(l))
 	return nil
