@@ -89,7 +89,7 @@ func openLog(dir, kind string, segmentSize int) (logStore, string, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, "", fmt.Errorf("create %s: %w", path, err)
 	}
-	w, err := wal.Open(path, wal.WithSegmentSize(cmp.Or(segmentSize, wal.DefaultSegmentSize)))
+	w, err := openWAL(path, cmp.Or(segmentSize, wal.DefaultSegmentSize))
 	if err != nil {
 		return nil, "", fmt.Errorf("open raft log %s: %w; if a file in it was lost or damaged (wal-meta.db, a segment): "+
 			"in a cluster, replace this node; alone, restore a backup (docs/operations.md)", path, err)
