@@ -130,3 +130,22 @@ func TestHaltingStoreKeepsMonotonic(t *testing.T) {
 		opened.Close()
 	}
 }
+
+// TestHaltingStoreStopsAtAnUnknownType: a flipped type byte made raft
+// panic ("unrecognized log type") without naming the data directory.
+func TestHaltingStoreStopsAtAnUnknownType(t *testing.T) {
+	in := raft.NewInmemStore()
+	in.StoreLogs([]*raft.Log{{Index: 1, Type: raft.LogCommand}, {Index: 2, Type: raft.LogType(200)}})
+	s := &haltingStore{logStore: failingStore{in}, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	var l raft.Log
+	if err := s.GetLog(1, &l); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		var h *HaltError
+		if err, _ := recover().(error); !errors.As(err, &h) || h.Dir != s.dir || h.Index != 2 {
+			t.Errorf("reading an entry of type 200: recovered %v, want a HaltError naming entry 2 and %s", err, s.dir)
+		}
+	}()
+	s.GetLog(2, &l)
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
@@ -117,6 +118,20 @@ type haltingStore struct {
 func (s *haltingStore) IsMonotonic() bool {
 	m, ok := s.logStore.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
+}
+
+// GetLog stops at an entry whose Raft type is none raft knows (a damaged
+// byte): raft would panic on it without naming the data directory.
+func (s *haltingStore) GetLog(i uint64, l *raft.Log) error {
+	if err := s.logStore.GetLog(i, l); err != nil {
+		return err
+	}
+	if l.Type > raft.LogConfiguration {
+		h := &HaltError{Index: i, Dir: s.dir, Err: fmt.Errorf("raft entry type %d: %w", l.Type, fsm.ErrUnknownEntry)}
+		s.log.Error("stopping: a log entry of no type raft knows", "index", i, "err", h)
+		panic(h)
+	}
+	return nil
 }
 
 func (s *haltingStore) StoreLog(l *raft.Log) error {
