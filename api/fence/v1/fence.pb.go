@@ -114,8 +114,13 @@ type Lease struct {
 	// Time left as the service saw it when it answered.
 	ExpiresIn *durationpb.Duration   `protobuf:"bytes,6,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
 	GrantedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
-	// The token's text form, for headers and environment variables:
-	// "fence:v1:SCOPE:TOKEN".
+	// The token's text form, for headers and environment variables. To the
+	// holder (Acquire, Renew) a signing service answers
+	// "fence:v3:SCOPE:TOKEN:KEY_ID:SIGNATURE" (Ed25519, unpadded base64url;
+	// docs/protocol.md), and one run with --sign-tokens=false the unsigned
+	// "fence:v1:SCOPE:TOKEN". Get and List always show the unsigned form:
+	// only the holder gets the signed token. Services no longer issue the
+	// legacy "fence:v2:..." form, which guards still verify for a while.
 	TokenText     string `protobuf:"bytes,8,opt,name=token_text,json=tokenText,proto3" json:"token_text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
