@@ -32,6 +32,12 @@ type Node struct {
 	// when the node that answered cannot tell.
 	State string
 	Voter bool
+	// Version is the build the node runs, as it reported it to the node
+	// that answered ClusterStatus: a module version such as "v1.2.3", or a
+	// pseudo-version naming a commit. Empty when it reported none (a
+	// build older than the field, or a node not reached), and in the
+	// answers of AddNode and RemoveNode.
+	Version string
 }
 
 // ClusterStatus asks the node the client is talking to for its view of
@@ -88,7 +94,7 @@ func (c *Client) RemoveNode(ctx context.Context, id string) ([]Node, error) {
 func nodesFrom(ns []*fencev1.Node) []Node {
 	out := make([]Node, 0, len(ns))
 	for _, n := range ns {
-		out = append(out, Node{ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter})
+		out = append(out, Node{ID: n.Id, APIAddr: n.ApiAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter, Version: n.Version})
 	}
 	return out
 }

@@ -31,6 +31,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // Exit statuses.
@@ -71,6 +73,9 @@ func dispatch(args []string) int {
 	case "help", "-h", "--help":
 		usage()
 		return exitOK
+	case "version", "-version", "--version":
+		fmt.Print(version.Get().Text("fencecheck"))
+		return exitOK
 	default:
 		fmt.Fprintf(os.Stderr, "fencecheck: unknown command %q\n", args[0])
 		usage()
@@ -97,6 +102,7 @@ func usage() {
   fencecheck run [flags]        run the processes, inject faults, check the history
   fencecheck check HISTORY      check a history file again
   fencecheck run -h             the flags of run
+  fencecheck --version          the build: module version, commit, Go release
 
 Exit status: 0 when every check passes, 1 when anomalies were found,
 2 for a usage error, 3 when the run could not be carried out.

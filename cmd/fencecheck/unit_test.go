@@ -3,7 +3,10 @@ package main
 import (
 	"io"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,5 +244,13 @@ func TestProxyHoldsCutsAndHeals(t *testing.T) {
 	p.setRefused("127.0.0.1", true)
 	if _, err := roundTrip(p.addr()); err == nil {
 		t.Error("a refused source passed traffic")
+	}
+}
+
+// TestVersion: fencecheck --version prints its build and exits 0.
+func TestVersion(t *testing.T) {
+	out, err := exec.Command(filepath.Join(bin, "fencecheck"), "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "fencecheck ") || !strings.Contains(string(out), "\ngo:       go1.") {
+		t.Errorf("fencecheck --version: %v\n%s", err, out)
 	}
 }

@@ -35,6 +35,9 @@ type nodeJSON struct {
 	RaftAddr string `json:"raft_addr"`
 	State    string `json:"state"`
 	Voter    bool   `json:"voter"`
+	// Version is the node's build (cluster status only): "unknown" when the
+	// node reported none.
+	Version string `json:"version,omitempty"`
 }
 
 func nodesOut(ns []client.Node) []*nodeJSON {
@@ -45,10 +48,24 @@ func nodesOut(ns []client.Node) []*nodeJSON {
 	return out
 }
 
-// nodesText writes the members as a table, the leader's ID marked with *.
-func nodesText(w io.Writer, ns []client.Node, leader string) {
+// nodeVersion is a node's build for cluster status: "unknown" when it
+// reported none, as a node of an older build does.
+func nodeVersion(n client.Node) string {
+	if n.Version == "" {
+		return "unknown"
+	}
+	return n.Version
+}
+
+// nodesText writes the members as a table, the leader's ID marked with *;
+// with versions, the build each node runs as a last column.
+func nodesText(w io.Writer, ns []client.Node, leader string, versions bool) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT")
+	if versions {
+		fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT\tVERSION")
+	} else {
+		fmt.Fprintln(tw, "ID\tSTATE\tAPI\tRAFT")
+	}
 	for _, n := range ns {
 		id, state, api := n.ID, n.State, n.APIAddr
 		if id == leader {
@@ -60,7 +77,11 @@ func nodesText(w io.Writer, ns []client.Node, leader string) {
 		if api == "" {
 			api = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, state, api, n.RaftAddr)
+		if versions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", id, state, api, n.RaftAddr, nodeVersion(n))
+		} else {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, state, api, n.RaftAddr)
+		}
 	}
 	tw.Flush()
 }
@@ -98,8 +119,10 @@ func (a *app) newClusterStatusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "List the nodes of the cluster, their roles and the leader",
 		Long: `Status lists every member of the cluster with its state (leader, follower,
-candidate, shutdown, unreachable or unknown), its API address and its Raft
-address, and names the leader, marked * in the table.
+candidate, shutdown, unreachable or unknown), its API address, its Raft
+address and the build it runs (its "fenced --version"; unknown for a node
+that does not report it, as builds before the field did not, or that
+could not be reached), and names the leader, marked * in the table.
 
 It is the view of the node that answers (the first of --addr that does),
 which asks each peer for its state: around an election, nodes can disagree
@@ -107,7 +130,7 @@ for a moment. No leader is not an error: the status is printed and the
 exit status is 0.
 
 With -o json it prints {"leader": ID, "node_id": ID, "term": N, "nodes":
-[{"id", "api_addr", "raft_addr", "state", "voter"}, ...]}; node_id is the
+[{"id", "api_addr", "raft_addr", "state", "voter", "version"}, ...]}; node_id is the
 node that answered and leader is empty while there is none.`,
 		Example: `  fencectl cluster status
   fencectl cluster status -o json | jq -r .leader`,
@@ -123,13 +146,16 @@ node that answered and leader is empty while there is none.`,
 				return err
 			}
 			out := clusterJSON{Leader: st.Leader, NodeID: st.NodeID, Term: st.Term, Nodes: nodesOut(st.Nodes)}
+			for i, n := range st.Nodes {
+				out.Nodes[i].Version = nodeVersion(n)
+			}
 			return a.emit(out, func(w io.Writer) {
 				if st.Leader == "" {
 					fmt.Fprintf(w, "no leader in term %d, as node %s sees it\n", st.Term, st.NodeID)
 				} else {
 					fmt.Fprintf(w, "leader %s in term %d, as node %s sees it\n", st.Leader, st.Term, st.NodeID)
 				}
-				nodesText(w, st.Nodes, st.Leader)
+				nodesText(w, st.Nodes, st.Leader, true)
 			})
 		}),
 	}
@@ -217,6 +243,6 @@ func (a *app) changeMembers(ctx context.Context, id string, out membersJSON, don
 	out.Nodes = nodesOut(nodes)
 	return a.emit(out, func(w io.Writer) {
 		fmt.Fprintln(w, done)
-		nodesText(w, nodes, "")
+		nodesText(w, nodes, "", false)
 	})
 }

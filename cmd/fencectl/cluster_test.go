@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 type nodeOutput struct {
@@ -17,6 +19,7 @@ type nodeOutput struct {
 	RaftAddr string `json:"raft_addr"`
 	State    string `json:"state"`
 	Voter    bool   `json:"voter"`
+	Version  string `json:"version"`
 }
 
 type clusterOutput struct {
@@ -43,12 +46,15 @@ func TestClusterStatus(t *testing.T) {
 	if n.State != "leader" || n.ID == "" || st.Leader != n.ID || st.NodeID != n.ID || n.APIAddr != srv.Addr || !n.Voter || st.Term == 0 {
 		t.Errorf("cluster status: %+v, want its one node, a voter at %s, as leader and answering", st, srv.Addr)
 	}
+	if n.Version != version.Get().Short() { // the server runs in this process
+		t.Errorf("cluster status: version %q, want this build's %q", n.Version, version.Get().Short())
+	}
 
 	r := s.want(t, 0, "cluster", "status", "--addr", srv.Addr)
 	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
 	if len(lines) != 3 || lines[0] != "leader "+n.ID+" in term "+strconv.FormatUint(st.Term, 10)+", as node "+n.ID+" sees it" ||
-		!regexp.MustCompile(`^ID +STATE +API +RAFT$`).MatchString(lines[1]) ||
-		!regexp.MustCompile(`^`+regexp.QuoteMeta(n.ID)+` \* +leader +`+regexp.QuoteMeta(srv.Addr)+` `).MatchString(lines[2]) {
+		!regexp.MustCompile(`^ID +STATE +API +RAFT +VERSION$`).MatchString(lines[1]) ||
+		!regexp.MustCompile(`^`+regexp.QuoteMeta(n.ID)+` \* +leader +`+regexp.QuoteMeta(srv.Addr)+` .* `+regexp.QuoteMeta(n.Version)+`$`).MatchString(lines[2]) {
 		t.Errorf("cluster status text:\n%s", r.stdout)
 	}
 
@@ -57,6 +63,17 @@ func TestClusterStatus(t *testing.T) {
 	s.wantJSON(t, 0, &g, "get", "orders")
 	if g.Scope != "orders" || g.Held {
 		t.Errorf("get through the address list: %+v", g)
+	}
+}
+
+// TestNodeVersionUnknown: a node that reports no build, as one older than
+// the field does, shows as unknown.
+func TestNodeVersionUnknown(t *testing.T) {
+	var b strings.Builder
+	nodesText(&b, []client.Node{{ID: "n1", State: "leader", APIAddr: "a:1", RaftAddr: "a:2", Voter: true, Version: "v1.2.3"},
+		{ID: "n2", State: "follower", APIAddr: "b:1", RaftAddr: "b:2", Voter: true}}, "n1", true)
+	if !regexp.MustCompile(`(?m)^n1 \* +leader +a:1 +a:2 +v1\.2\.3$\n^n2 +follower +b:1 +b:2 +unknown$`).MatchString(b.String()) {
+		t.Errorf("nodes table:\n%s", b.String())
 	}
 }
 
@@ -120,5 +137,14 @@ func TestClusterBadInput(t *testing.T) {
 	s.wantJSON(t, 2, &e, "cluster", "add", "n 4", "--raft-addr", "127.0.0.1:1", "--api-addr", "127.0.0.1:2")
 	if e.Code != "usage" || e.Field != "node_id" || e.ExitStatus != 2 {
 		t.Errorf("bad node ID error object: %+v", e)
+	}
+}
+
+// TestVersion: fencectl --version prints its build and exits 0.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	r := (&fenced{addr: "127.0.0.1:1"}).want(t, 0, "--version")
+	if !strings.HasPrefix(r.stdout, "fencectl ") || !strings.Contains(r.stdout, "\nrevision: ") || !strings.Contains(r.stdout, "\ngo:       go1.") {
+		t.Errorf("fencectl --version:\n%s", r.stdout)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // Exit statuses. exec also exits with its command's own status.
@@ -136,6 +137,8 @@ func (a *app) newRootCmd() *cobra.Command {
 		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.Version = version.Get().Short()
+	root.SetVersionTemplate(version.Get().Text("fencectl"))
 	addr := client.DefaultAddr
 	if v, ok := os.LookupEnv("FENCE_ADDR"); ok && v != "" {
 		addr = v

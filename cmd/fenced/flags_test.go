@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,24 @@ func (p *proc) noWarnings(t testing.TB) {
 		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
 			t.Errorf("a clean start or stop logged %s", line)
 		}
+	}
+}
+
+// TestVersionFlag: fenced --version prints its build and exits 0 without
+// starting, whatever else its flags and environment say; FENCED_VERSION
+// alone does not stop it.
+func TestVersionFlag(t *testing.T) {
+	out, err := exec.Command(fencedBin, "--version", "--data-dir", "/nonexistent/never-created").Output()
+	if err != nil {
+		t.Fatalf("fenced --version: %v", err)
+	}
+	lines := strings.Split(string(out), "\n")
+	if !strings.HasPrefix(lines[0], "fenced ") || !strings.Contains(string(out), "\nrevision: ") || !strings.Contains(string(out), "\ngo:       go1.") {
+		t.Errorf("fenced --version:\n%s", out)
+	}
+	t.Setenv("FENCED_VERSION", "1.0")
+	o, err := parse(nil, io.Discard)
+	if err != nil || o.version {
+		t.Errorf("with FENCED_VERSION set: version %v, %v; want the flag alone to ask for it", o.version, err)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/fence-dev/fence/internal/server"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 func main() {
@@ -42,6 +43,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
 		os.Exit(2)
+	}
+	if opts.version {
+		fmt.Print(version.Get().Text("fenced"))
+		os.Exit(0)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -63,6 +68,7 @@ func main() {
 type options struct {
 	server.Config
 	memoryLimit memoryLimit
+	version     bool // --version: print the build and exit
 }
 
 // parse reads fenced's flags and environment; its logger writes to logOut.
@@ -103,6 +109,7 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	fs.Var(&o.memoryLimit, "memory-limit", "the Go runtime's soft memory limit (e.g. 448MiB, 2GiB, or off): the collector works harder near it; a held lease costs about 340 bytes (default 448MiB, or 90% of the cgroup's memory limit if lower; GOMEMLIMIT, when set, instead)")
 	fs.Uint64Var(&cfg.MinFreeSpace, "min-free-space", 0, "bytes the data directory's disk keeps free: below it the leader refuses new grants (unavailable) and /readyz answers 503, before a full disk stops the node (0: twice --raft-segment-size, or 64 MiB with --raft-log bolt)")
 	fs.Uint64Var(&cfg.TokenFloor, "token-floor", 0, "every token granted after this node takes office is above this one (default: the wall clock in microseconds, which a new leader always sets); for a restore onto a machine whose clock is behind the old one's")
+	fs.BoolVar(&o.version, "version", false, "print the build (module version, commit, Go release) and exit")
 	format := fs.String("log-format", "text", "log format: text or json")
 	level := fs.String("log-level", "info", "log level: debug (shows renewals), info, warn or error")
 	fs.Usage = func() {
@@ -117,6 +124,9 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.version {
+		return o, nil
 	}
 	if *join != "" {
 		for a := range strings.SplitSeq(*join, ",") {
@@ -142,10 +152,15 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	return o, cfg.Validate()
 }
 
-// fromEnv sets each flag from FENCED_<NAME> when that variable is set.
+// fromEnv sets each flag from FENCED_<NAME> when that variable is set,
+// except --version: an environment that sets FENCED_VERSION means
+// something else by it.
 func fromEnv(fs *flag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "version" {
+			return
+		}
 		name := "FENCED_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v, ok := os.LookupEnv(name); ok && err == nil {
 			if e := f.Value.Set(v); e != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/raftnode"
 	"github.com/fence-dev/fence/internal/status"
+	"github.com/fence-dev/fence/internal/version"
 	"github.com/fence-dev/fence/internal/wire"
 )
 
@@ -189,8 +190,8 @@ func (s *Server) recordSelf(ctx context.Context) error {
 type cluster struct{ s *Server }
 
 // Status implements fence.v1.ClusterService.Status. The node asked reports
-// the configuration and asks each peer for its own state, so a dead peer
-// shows as unreachable rather than as a follower.
+// the configuration and asks each peer for its own state and build, so a
+// dead peer shows as unreachable rather than as a follower.
 func (c cluster) Status(ctx context.Context, req *connect.Request[fencev1.StatusRequest]) (*connect.Response[fencev1.StatusResponse], error) {
 	st, err := c.s.node.Status()
 	if err != nil {
@@ -198,6 +199,11 @@ func (c cluster) Status(ctx context.Context, req *connect.Request[fencev1.Status
 	}
 	resp := &fencev1.StatusResponse{Leader: st.LeaderID, NodeId: st.NodeID, Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex}
 	resp.Nodes = c.s.nodes(st)
+	for _, n := range resp.Nodes {
+		if n.Id == st.NodeID {
+			n.Version = version.Get().Short()
+		}
+	}
 	if req.Header().Get(selfOnlyHeader) != "" {
 		return connect.NewResponse(resp), nil
 	}
@@ -213,7 +219,7 @@ func (c cluster) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n.State = c.s.peerState(ctx, n.Id, n.ApiAddr)
+			n.State, n.Version = c.s.peerState(ctx, n.Id, n.ApiAddr)
 		}()
 	}
 	wg.Wait()
@@ -236,24 +242,26 @@ func (s *Server) nodes(st raftnode.Status) []*fencev1.Node {
 	return out
 }
 
-func (s *Server) peerState(ctx context.Context, id, addr string) string {
+// peerState asks the node id at addr for its own state and build
+// version; the version is empty when it reports none (an older build).
+func (s *Server) peerState(ctx context.Context, id, addr string) (state, build string) {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	req := connect.NewRequest(&fencev1.StatusRequest{})
 	req.Header().Set(selfOnlyHeader, "1")
 	resp, err := fencev1connect.NewClusterServiceClient(s.peers, s.cfg.TLS.scheme()+"://"+addr).Status(ctx, req)
 	if err != nil {
-		return "unreachable"
+		return "unreachable", ""
 	}
 	if resp.Msg.NodeId != id {
-		return "unreachable" // someone else answers at that address
+		return "unreachable", "" // someone else answers at that address
 	}
 	for _, n := range resp.Msg.Nodes {
 		if n.Id == id {
-			return n.State
+			return n.State, n.Version
 		}
 	}
-	return "unknown"
+	return "unknown", ""
 }
 
 // AddNode implements fence.v1.ClusterService.AddNode. It runs on the leader

@@ -13,6 +13,7 @@ import (
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/internal/scrape"
 	"github.com/fence-dev/fence/internal/server"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // TestAddNodeRefusesAnAbsentNode: adding a voter whose Raft address does
@@ -48,6 +49,11 @@ func TestAddNodeRefusesAnAbsentNode(t *testing.T) {
 	await(ctx, t, "n2 joins", func() bool {
 		st, err := c.ClusterStatus(ctx)
 		return err == nil && len(st.Nodes) == 2
+	})
+	// Each node reports its build: n1 its own, n2 when n1 asks it.
+	await(ctx, t, "both nodes report their build", func() bool {
+		st, err := c.ClusterStatus(ctx)
+		return err == nil && len(st.Nodes) == 2 && st.Nodes[0].Version == version.Get().Short() && st.Nodes[1].Version == version.Get().Short()
 	})
 }
 

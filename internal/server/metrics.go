@@ -13,6 +13,7 @@ import (
 
 	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // maxHolderMemory bounds how many scopes' last holders the transition
@@ -106,8 +107,15 @@ func newMetrics(s *Server) *metrics {
 		Name: "fence_data_dir_free_bytes",
 		Help: "Bytes free on the data directory's disk; below --min-free-space the leader refuses new grants and /readyz answers 503.",
 	}, func() float64 { return s.disk.freeBytes() })
+	bi := version.Get()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "fence_build_info",
+		Help:        "Always 1; its labels name the running build: the module version, the commit (empty when the build recorded none) and the Go release.",
+		ConstLabels: prometheus.Labels{"version": bi.Short(), "revision": bi.Revision, "goversion": bi.GoVersion},
+	})
+	build.Set(1)
 	m.reg.MustRegister(
-		free,
+		build, free,
 		m.grants, m.renewals, m.releases, m.expirations, m.losses, m.transitions,
 		m.rejections, m.rejectionsDropped, m.tokenGap,
 		m.waits, m.waiting, m.waitSeconds, m.rpcSeconds, m.connsRefused, held, records, ready,

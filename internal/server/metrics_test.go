@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/internal/scrape"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // awaitExpiry polls until scope is free: its lease expired (bounded by the
@@ -126,6 +128,7 @@ func TestMetrics(t *testing.T) {
 		{"fence_raft_leader", nil, 1},
 		{"fence_raft_has_leader", nil, 1},
 		{"fence_ready", nil, 1},
+		{"fence_build_info", []string{"version", version.Get().Short(), "revision", version.Get().Revision, "goversion", runtime.Version()}, 1},
 	}
 	for _, w := range want {
 		got, ok := scrape.Find(fams, w.name, w.labels...)

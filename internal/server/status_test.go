@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"html"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/internal/browsertest"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // lifeOfAScope makes "orders" show a grant, an expiry, a second grant and
@@ -54,6 +56,9 @@ func TestStatusPage(t *testing.T) {
 		"<td>orders</td><td>carol</td><td class=\"num\">2</td>",
 		"granted #1 bob</span>", "expired #1 bob</span>", "granted #2 carol</span>", "rejected #1 bob (highest #2)</span>",
 		"orders-db refused orders token 1 (held by bob); it had accepted token 2",
+		// The build, for the node and in the nodes' table.
+		`running fenced <span class="mono" id="version">` + html.EscapeString(version.Get().Short()) + "</span>",
+		`<td>yes</td><td class="mono">` + html.EscapeString(version.Get().Short()) + "</td></tr>",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)

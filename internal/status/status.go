@@ -22,6 +22,7 @@ import (
 	"github.com/fence-dev/fence/internal/eventlog"
 	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/lessor"
+	"github.com/fence-dev/fence/internal/version"
 )
 
 // The status page's paths. The page and its cluster part describe the node
@@ -98,6 +99,7 @@ var statusTemplates = template.Must(template.New("status").Funcs(template.FuncMa
 // clusterView is the cluster part of the page, from the node asked.
 type clusterView struct {
 	NodeID    string
+	Version   string // the build this node runs
 	Ready     bool
 	Readiness string
 	Leader    string
@@ -145,7 +147,7 @@ type pageView struct {
 
 func (s *Page) clusterView(r *http.Request) clusterView {
 	ready, reason := s.cfg.Readiness()
-	v := clusterView{NodeID: s.cfg.NodeID, Ready: ready, Readiness: reason}
+	v := clusterView{NodeID: s.cfg.NodeID, Version: version.Get().Short(), Ready: ready, Readiness: reason}
 	m, err := s.cfg.Cluster(r.Context())
 	if err != nil {
 		v.Err = err.Error()

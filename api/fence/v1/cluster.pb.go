@@ -117,7 +117,13 @@ type Node struct {
 	// node answering cannot tell (it is not the leader and has not heard).
 	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// Whether the node votes (nonvoters are not used yet).
-	Voter         bool `protobuf:"varint,5,opt,name=voter,proto3" json:"voter,omitempty"`
+	Voter bool `protobuf:"varint,5,opt,name=voter,proto3" json:"voter,omitempty"`
+	// The build the node runs, as it reported it to the node answering: a
+	// module version such as "v1.2.3", or a pseudo-version naming the commit
+	// it was built from ("fenced --version" on the node says more). Empty
+	// when the node did not report one: a build older than this field, or a
+	// node that could not be reached. Only Status fills it.
+	Version       string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +191,13 @@ func (x *Node) GetVoter() bool {
 		return x.Voter
 	}
 	return false
+}
+
+func (x *Node) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
 }
 
 type StatusRequest struct {
@@ -600,13 +613,14 @@ const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\x16fence/v1/cluster.proto\x12\bfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0f\n" +
 	"\rBackupRequest\"&\n" +
 	"\x0eBackupResponse\x12\x14\n" +
-	"\x05chunk\x18\x01 \x01(\fR\x05chunk\"z\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\"\x94\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1b\n" +
 	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x14\n" +
-	"\x05voter\x18\x05 \x01(\bR\x05voter\"\x0f\n" +
+	"\x05voter\x18\x05 \x01(\bR\x05voter\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\"\x0f\n" +
 	"\rStatusRequest\"\xc3\x01\n" +
 	"\x0eStatusResponse\x12$\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0e.fence.v1.NodeR\x05nodes\x12\x16\n" +
