@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,6 +23,7 @@ import (
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/guardreport"
 	"github.com/fence-dev/fence/guard/httpguard"
 	"github.com/fence-dev/fence/guard/sqlguard"
 
@@ -49,7 +51,10 @@ with the guard on, every stale write was rejected.
 
 With --addr, the leases come from the fenced (or cluster) at that address
 instead, in scopes under demo/ (with --ca, --cert, --key and --auth-token
-as for the other commands); the register stays in this process. FENCE_ADDR
+as for the other commands); the register stays in this process, and its
+guard reports the stale writes it refuses to that fenced, as
+guard/guardreport does, under the name "fencectl demo": its status page,
+its metrics and "fencectl watch demo/" show them. FENCE_ADDR
 alone does not move the demo off its own fenced: it plays against a
 service only when its command line names one.`,
 		Args: exactArgs(),
@@ -114,7 +119,9 @@ type register struct {
 	srv   *httptest.Server
 }
 
-func newRegister(store registerStore, guarded bool) (*register, error) {
+// newRegister serves store over HTTP; guarded, behind httpguard, with obs
+// told of every write the guard accepts or refuses.
+func newRegister(store registerStore, guarded bool, obs guard.Observer) (*register, error) {
 	r := &register{store: store}
 	put := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
@@ -124,7 +131,7 @@ func newRegister(store registerStore, guarded bool) (*register, error) {
 	})
 	var h http.Handler = put
 	if guarded {
-		g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)))
+		g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)), guard.WithObserver(obs))
 		fenced, err := httpguard.Middleware(g, "", httpguard.WithScopeFunc(scopeOf))
 		if err != nil {
 			return nil, err
@@ -253,12 +260,21 @@ func (t *timeline) say(who, format string, args ...any) {
 	fmt.Fprintf(t.w, "  %6.2fs  %-3s %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
 }
 
+// demoGuardName is the name the demo's guard reports its refusals under.
+const demoGuardName = "fencectl demo"
+
 func runDemo(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error)) (bool, error) {
+	// The guard reports the stale writes it refuses to fenced, as a real
+	// one does through guardreport, so that the service's status page,
+	// metrics and watchers show them.
+	var refused rejectionCount
+	rep := guardreport.New(c, demoGuardName, guardreport.WithObserver(&refused), guardreport.WithLogger(slog.New(slog.DiscardHandler)))
 	ok := true
 	for _, guarded := range []bool{true, false} {
 		for _, story := range []string{"pause", "delay"} {
-			staleRejected, err := playStory(ctx, w, c, open, story, guarded)
+			staleRejected, err := playStory(ctx, w, c, open, story, guarded, rep)
 			if err != nil {
+				rep.Close(ctx)
 				return false, err
 			}
 			if guarded && !staleRejected {
@@ -269,10 +285,24 @@ func runDemo(ctx context.Context, w io.Writer, c *client.Client, open func(dir s
 	if ok {
 		fmt.Fprintln(w, "With the guard on, every stale write was rejected.")
 	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := rep.Close(rctx); err != nil {
+		fmt.Fprintf(w, "The guard could not report its %d refused writes to fenced: %v\n", refused.n.Load(), err)
+	} else if n := refused.n.Load(); n > 0 {
+		fmt.Fprintf(w, "The guard reported its %d refused writes to fenced as %q: its status page and \"fencectl watch demo/\" show them.\n", n, demoGuardName)
+	}
 	return ok, nil
 }
 
-func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), story string, guarded bool) (bool, error) {
+// rejectionCount is a guard.Observer that counts the stale writes refused.
+// It is safe for concurrent use.
+type rejectionCount struct{ n atomic.Int64 }
+
+func (*rejectionCount) Accepted(string)              { /* only refusals are counted */ }
+func (r *rejectionCount) Rejected(*guard.StaleError) { r.n.Add(1) }
+
+func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), story string, guarded bool, obs guard.Observer) (bool, error) {
 	dir, err := tempDir()
 	if err != nil {
 		return false, err
@@ -282,7 +312,7 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 	if err != nil {
 		return false, err
 	}
-	reg, err := newRegister(store, guarded)
+	reg, err := newRegister(store, guarded, obs)
 	if err != nil {
 		store.close()
 		return false, err

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/fence-dev/fence/internal/scrape"
 )
 
 // TestDemo runs `fencectl demo` with each register store: with the guard
@@ -58,6 +62,25 @@ func TestDemoAddr(t *testing.T) {
 	}
 	if n := strings.Count(r.stdout, "rejected as stale"); n != 2 {
 		t.Errorf("%d stale rejections, want 2\n%s", n, r.stdout)
+	}
+	// The guard reported both refusals, as guardreport does: fenced counts
+	// them and its status page names them.
+	if !strings.Contains(r.stdout, `The guard reported its 2 refused writes to fenced as "fencectl demo"`) {
+		t.Errorf("the demo does not say it reported its refusals\n%s", r.stdout)
+	}
+	if n, ok := scrape.Find(scrape.Families(t, f.addr), "fence_stale_rejections_reported_total"); n != 2 {
+		t.Errorf("fence_stale_rejections_reported_total = %v (present %v), want 2", n, ok)
+	}
+	resp, err := http.Get("http://" + f.addr + "/status/leases")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, scope := range []string{"demo/pause-guarded", "demo/delay-guarded"} {
+		if want := "fencectl demo refused " + scope + " token "; !strings.Contains(string(page), want) {
+			t.Errorf("the status page lacks %q:\n%s", want, page)
+		}
 	}
 	for _, scope := range []string{"demo/pause-guarded", "demo/delay-guarded", "demo/pause-unguarded", "demo/delay-unguarded"} {
 		var st getOutput
