@@ -24,17 +24,22 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: services
-services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on loopback; install chromium
+services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on 127.0.0.1 (ports 54329, 33069, 63799); install chromium
 	./scripts/services.sh
 
-# The whole suite takes about 7 minutes on 2 cores with the module cache
-# filled (6m37s of tests on a clean clone), 13 on a machine busy with other
-# work; most of it goes to cmd/fenced's cluster and kill -9 tests,
+.PHONY: services-stop
+services-stop: ## stop the servers make services started from this checkout (their data stays in .services/)
+	./scripts/services.sh stop
+
+# The whole suite takes about 7 minutes on 2 idle cores with the module
+# cache filled (6m37s of tests on a clean clone), up to 15 on a machine
+# busy with other work, up to 4 of them in lint, checkgenerate and npm ci
+# before the first test; most of the rest goes to cmd/fenced's cluster and kill -9 tests,
 # cmd/fencecheck's fault runs (two of 20 seconds, one of 24 with only
 # the storage faults), cmd/fenced's storage fault tests (about a minute)
 # and the database tests.
 .PHONY: test
-test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~7 min on 2 cores, more when busy), a line per package
+test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~7 min on 2 idle cores, up to 15 when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
 	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)

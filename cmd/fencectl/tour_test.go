@@ -32,7 +32,9 @@ import (
 func TestReadmeTour(t *testing.T) {
 	t.Parallel()
 	lines := tourLines(t)
-	s := startFenced(t, "--sign-tokens=true")
+	// fenced's defaults, as the tour's bin/fenced has them: signed tokens,
+	// and TTLs up to 5 minutes (the tour takes 2).
+	s := startFenced(t, "--sign-tokens=true", "--max-ttl=5m")
 	floor := s.floor(t)
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
