@@ -57,7 +57,7 @@ func TestStatusPage(t *testing.T) {
 		"granted #1 bob</span>", "expired #1 bob</span>", "granted #2 carol</span>", "rejected #1 bob (highest #2)</span>",
 		"orders-db refused orders token 1 (held by bob); it had accepted token 2",
 		// The build, for the node and in the nodes' table.
-		`running fenced <span class="mono" id="version">` + html.EscapeString(version.Get().Short()) + "</span>",
+		`it runs fenced <span class="mono" id="version">` + html.EscapeString(version.Get().Short()) + "</span>",
 		`<td>yes</td><td class="mono">` + html.EscapeString(version.Get().Short()) + "</td></tr>",
 	} {
 		if !strings.Contains(page, want) {
