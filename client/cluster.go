@@ -63,17 +63,36 @@ func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
 
 // AddNode makes the node id, reachable for Raft at raftAddr and serving
 // the API at apiAddr, a voting member, and returns the members after the
-// change. Adding a voter again at the same Raft address only updates its
-// API address, so a retried AddNode is harmless. A removed node ID is
-// refused for good: a removed node rejoins under a new ID with an empty
-// data directory.
+// change. Adding a member again at its own addresses changes nothing, so
+// a retried AddNode is harmless; at other addresses it is refused (an
+// *fence.InvalidError) unless the caller is that node, authenticated as
+// itself: ReplaceNode moves a member. A removed node ID is refused for
+// good: a removed node rejoins under a new ID with an empty data
+// directory.
 func (c *Client) AddNode(ctx context.Context, id, raftAddr, apiAddr string) ([]Node, error) {
-	req := &fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: apiAddr}
+	return c.addNode(ctx, &fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+}
+
+// ReplaceNode moves the member id to raftAddr and apiAddr, for an
+// operator whose node moved with its data directory and cannot rejoin
+// authenticated as itself, and returns the members after the change. It
+// needs the "cluster" permission and is refused from another node's
+// identity, and for an ID that is not a member. A new Raft address must
+// answer, as for AddNode; the API address, where followers forward every
+// call to while the node leads, is taken as given.
+func (c *Client) ReplaceNode(ctx context.Context, id, raftAddr, apiAddr string) ([]Node, error) {
+	return c.addNode(ctx, &fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: apiAddr, Replace: true})
+}
+
+func (c *Client) addNode(ctx context.Context, req *fencev1.AddNodeRequest) ([]Node, error) {
 	resp, err := retry(ctx, c, func(actx context.Context, s *service) (*connect.Response[fencev1.AddNodeResponse], error) {
 		return s.cluster.AddNode(actx, connect.NewRequest(req))
 	})
 	if err != nil {
-		return nil, fmt.Errorf("add node %q: %w", id, err)
+		if req.Replace {
+			return nil, fmt.Errorf("replace node %q: %w", req.Id, err)
+		}
+		return nil, fmt.Errorf("add node %q: %w", req.Id, err)
 	}
 	return nodesFrom(resp.Msg.Nodes), nil
 }

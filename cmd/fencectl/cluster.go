@@ -163,8 +163,9 @@ node that answered and leader is empty while there is none.`,
 
 func (a *app) newClusterAddCmd() *cobra.Command {
 	var raftAddr, apiAddr string
+	var replace bool
 	cmd := &cobra.Command{
-		Use:   "add ID --raft-addr HOST:PORT --api-addr HOST:PORT",
+		Use:   "add ID --raft-addr HOST:PORT --api-addr HOST:PORT [--replace]",
 		Short: "Make the node ID a voting member of the cluster",
 		Long: `Add makes the node ID, whose Raft transport listens at --raft-addr, a voting
 member, and prints the members after the change. Start that node first
@@ -173,16 +174,30 @@ with --join asks to be added by itself.
 
 Adding a member again at its addresses changes nothing; at other addresses
 it is refused, unless the node itself asks, authenticated as itself (with
-auth on, as it does when it joins again after a move). An ID that was
-removed is refused for good: a removed node rejoins under a new ID with an
-empty data directory.
+auth on, as it does when it joins again after a move), or --replace is
+given. An ID that was removed is refused for good: a removed node rejoins
+under a new ID with an empty data directory.
+
+--replace moves the member ID to the addresses given: for a node that
+moved with its data directory (a new machine, a new address) and cannot
+rejoin as itself, as with auth off. It needs the "cluster" permission, is
+refused from another node's certificate, and for an ID that is not a
+member. Start the moved node first, without --join (a join at the new
+addresses is refused until the replace): its new Raft address must answer.
 
 With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
 "fencectl cluster status" prints it.`,
-		Example: `  fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481`,
-		Args:    exactArgs("ID"),
+		Example: `  fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481
+  fencectl cluster add n2 --raft-addr 10.0.0.7:7491 --api-addr 10.0.0.7:7481 --replace`,
+		Args: exactArgs("ID"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			id := args[0]
+			if replace {
+				return a.changeMembers(cmd.Context(), id, membersJSON{Added: id}, "replaced node "+id+": now at raft "+raftAddr+", api "+apiAddr,
+					func(ctx context.Context, c *client.Client) ([]client.Node, error) {
+						return c.ReplaceNode(ctx, id, raftAddr, apiAddr)
+					})
+			}
 			return a.changeMembers(cmd.Context(), id, membersJSON{Added: id}, "added node "+id+" at raft "+raftAddr,
 				func(ctx context.Context, c *client.Client) ([]client.Node, error) {
 					return c.AddNode(ctx, id, raftAddr, apiAddr)
@@ -191,6 +206,7 @@ With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
 	}
 	cmd.Flags().StringVar(&raftAddr, "raft-addr", "", "where the other nodes reach the node's Raft transport (its fenced --raft-advertise, or --raft-listen)")
 	cmd.Flags().StringVar(&apiAddr, "api-addr", "", "where the node serves the lease API, for followers to forward to (its fenced --advertise)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "move the member ID to these addresses (an operator's call, for a node that moved and cannot rejoin as itself)")
 	_ = cmd.MarkFlagRequired("raft-addr")
 	// Followers forward to the leader at its API address, so every member needs one.
 	_ = cmd.MarkFlagRequired("api-addr")

@@ -14,7 +14,9 @@
 //	fenced --node-id n2 --listen :7481 --advertise 10.0.0.2:7481 --raft-listen 10.0.0.2:7491 --join 10.0.0.1:7481
 //
 // on each other node (keep --join on its command line: a restart re-joins
-// harmlessly and updates its API address).
+// at the same addresses harmlessly; a node that moved rejoins at its new
+// addresses only authenticated as itself, with auth on, or after an
+// operator's "fencectl cluster add ID --replace", docs/operations.md).
 package main
 
 import (

@@ -500,13 +500,14 @@ func TestRequestIDIsBoundToTheIdentity(t *testing.T) {
 
 // TestOnlyANodeMovesItself: with auth on, a member's addresses change only
 // when that node asks, authenticated as itself (as it does when it rejoins
-// after a move); neither another node nor an operator allowed "cluster"
+// after a move), or when an operator allowed "cluster" asks to replace it;
+// neither another node (replace or not) nor an operator without replace
 // may point them elsewhere, directly or through a follower.
 func TestOnlyANodeMovesItself(t *testing.T) {
 	dir := t.TempDir()
 	clusterCA, clientCA := testcerts.NewCA(t, "cluster CA"), testcerts.NewCA(t, "client CA")
 	nodes := startTLSCluster(t, dir, clusterCA, clientCA, writeMatrixAuth(t, dir, "n1", "n2", "n3"), "n1", "n2", "n3")
-	addNode := func(to *Server, cert tls.Certificate, id, api string) error {
+	addNode := func(to *Server, cert tls.Certificate, id, api string, replace ...bool) error {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: clusterCA.Pool(), Certificates: []tls.Certificate{cert}}, Protocols: new(http.Protocols)}
 		tr.Protocols.SetHTTP2(true)
 		defer tr.CloseIdleConnections()
@@ -519,7 +520,7 @@ func TestOnlyANodeMovesItself(t *testing.T) {
 			}
 		}
 		_, err := fencev1connect.NewClusterServiceClient(&http.Client{Transport: tr}, "https://"+to.Addr()).AddNode(ctx,
-			connect.NewRequest(&fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: api}))
+			connect.NewRequest(&fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: api, Replace: len(replace) > 0 && replace[0]}))
 		return err
 	}
 	recorded := func(id string) string {
@@ -544,6 +545,23 @@ func TestOnlyANodeMovesItself(t *testing.T) {
 				}
 			}
 		}
+	}
+	admin, n3 := clientCA.Issue(t, "admin"), clusterCA.Issue(t, "n3")
+	for _, to := range []*Server{leader, follower} {
+		err := addNode(to, n3, "n1", "127.0.0.1:9", true)
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), `node "n3" may not replace "n1"`) {
+			t.Errorf("node n3 replacing n1, at %s: %v; want invalid_argument, an operator's call", to.cfg.NodeID, err)
+		}
+	}
+	if got := recorded("n1"); got != leader.Addr() {
+		t.Errorf("after n3's replace, n1 is recorded at %s; want %s", got, leader.Addr())
+	}
+	// The operator replaces n1's API address, through a follower, and back.
+	if err := addNode(follower, admin, "n1", "127.0.0.1:9", true); err != nil || recorded("n1") != "127.0.0.1:9" {
+		t.Errorf("admin replacing n1: %v, recorded %s; want 127.0.0.1:9", err, recorded("n1"))
+	}
+	if err := addNode(leader, admin, "n1", leader.Addr(), true); err != nil || recorded("n1") != leader.Addr() {
+		t.Errorf("admin replacing n1 back: %v, recorded %s; want %s", err, recorded("n1"), leader.Addr())
 	}
 	// n2 moves itself, through a follower; the record follows.
 	moved := nodes[1].Addr()

@@ -294,23 +294,36 @@ func (c cluster) AddNode(ctx context.Context, req *connect.Request[fencev1.AddNo
 }
 
 // checkMove refuses to add a member again at other addresses, unless the
-// node itself asks, authenticated as that node. Followers forward every
-// call to the leader at the API address recorded for it, and the Raft
-// address is where a voter's log and votes come from: an AddNode of an
-// existing ID that rewrote them (a member passes the reachability check)
-// let anyone with auth off, or any operator or node allowed "cluster",
-// point the followers at a proxy and read the lease IDs of forwarded
-// acquires and renewals, or cut them off. A node's addresses come from the
-// node: the leader records its own on taking office, and a member that
-// moved rejoins under its own certificate. Adding a member again at its
-// addresses changes nothing and is allowed, as a restart's join does.
+// node itself asks, authenticated as that node, or an operator asks to
+// replace it. Followers forward every call to the leader at the API
+// address recorded for it, and the Raft address is where a voter's log and
+// votes come from: an AddNode of an existing ID that rewrote them (a
+// member passes the reachability check) let anyone with auth off, or any
+// operator or node allowed "cluster", point the followers at a proxy and
+// read the lease IDs of forwarded acquires and renewals, or cut them off.
+// A node's addresses come from the node: the leader records its own on
+// taking office, and a member that moved rejoins under its own
+// certificate. Otherwise only an explicit replace moves it: by whoever
+// may do "cluster" (anyone, with auth off) but another node. Adding a
+// member again at its addresses changes nothing and is allowed, as a
+// restart's join does.
 func (s *Server) checkMove(ctx context.Context, m *fencev1.AddNodeRequest) error {
 	st, err := s.node.Status()
 	if err != nil {
 		return err
 	}
+	for _, sv := range st.Servers {
+		if sv.ID != m.Id && sv.RaftAddr == m.RaftAddr {
+			// Raft refuses it only after the API address is recorded.
+			return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf("%s is the Raft address of member %q", m.RaftAddr, sv.ID)}
+		}
+	}
 	i := slices.IndexFunc(st.Servers, func(sv raftnode.Server) bool { return sv.ID == m.Id })
 	if i < 0 {
+		if m.Replace {
+			return &fence.InvalidError{Field: "replace", Reason: fmt.Sprintf(
+				"%q is not a member, so there is nothing to replace; add it without replace", m.Id)}
+		}
 		return nil // a new member
 	}
 	var api string
@@ -318,11 +331,21 @@ func (s *Server) checkMove(ctx context.Context, m *fencev1.AddNodeRequest) error
 	if st.Servers[i].RaftAddr == m.RaftAddr && api == m.ApiAddr {
 		return nil
 	}
-	if id := authz.Identity(ctx); id == m.Id && s.auth.IsNode(id) {
+	id := authz.Identity(ctx)
+	if id == m.Id && s.auth.IsNode(id) {
 		return nil // the node itself, moved
 	}
+	if m.Replace && s.auth.IsNode(id) {
+		return &fence.InvalidError{Field: "replace", Reason: fmt.Sprintf(
+			"node %q may not replace %q: replacing a member is an operator's call, and a node moves only itself", id, m.Id)}
+	}
+	if m.Replace {
+		s.log.Warn("replacing a node's addresses", "node_id", m.Id, "by", id,
+			"raft_addr_was", st.Servers[i].RaftAddr, "api_addr_was", api, "raft_addr", m.RaftAddr, "api_addr", m.ApiAddr)
+		return nil
+	}
 	return &fence.InvalidError{Field: "id", Reason: fmt.Sprintf(
-		"%q is a member with Raft address %s and API address %q; only that node changes them, when it joins again authenticated as itself (auth on, its certificate of the cluster CA); to move it otherwise, remove it and add it under a new ID",
+		"%q is a member with Raft address %s and API address %q; only that node changes them, when it joins again authenticated as itself (auth on, its certificate of the cluster CA), or an operator replacing it (fencectl cluster add --replace)",
 		m.Id, st.Servers[i].RaftAddr, api)}
 }
 

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -89,7 +90,7 @@ func TestAddNodeKeepsAMembersAddresses(t *testing.T) {
 	} {
 		_, err := c.AddNode(ctx, move.id, move.raft, move.api)
 		var inv *fence.InvalidError
-		if !errors.As(err, &inv) || !strings.Contains(inv.Reason, "only that node changes them") {
+		if !errors.As(err, &inv) || !strings.Contains(inv.Reason, "only that node changes them") || !strings.Contains(inv.Reason, "--replace") {
 			t.Errorf("AddNode(%s, raft %s, api %s): %v; want invalid, a member's addresses kept", move.id, move.raft, move.api, err)
 		}
 	}
@@ -108,6 +109,80 @@ func TestAddNodeKeepsAMembersAddresses(t *testing.T) {
 	}
 	if _, err := c.AddNode(ctx, "n2", raftAddr["n2"], follower.Addr()); err != nil {
 		t.Errorf("adding n2 again at its own addresses: %v", err)
+	}
+}
+
+// TestReplaceNode: with auth off, an operator moves a member with an
+// explicit replace, which a plain AddNode at other addresses is refused
+// (TestAddNodeKeepsAMembersAddresses); a replace of an ID that is not a
+// member, or to a Raft address where nothing answers, is refused and
+// changes nothing.
+func TestReplaceNode(t *testing.T) {
+	ctx := testContext(t)
+	leader, follower := startPair(ctx, t)
+	c := newClient(t, leader.Addr())
+	addrs := func() map[string][2]string {
+		st, err := c.ClusterStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string][2]string{}
+		for _, n := range st.Nodes {
+			m[n.ID] = [2]string{n.RaftAddr, n.APIAddr}
+		}
+		return m
+	}
+	before := addrs()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	absent := ln.Addr().String()
+	ln.Close()
+
+	for _, bad := range []struct{ name, id, raft, field, reason string }{
+		{"an ID that is not a member", "n9", absent, "replace", `"n9" is not a member`},
+		{"n1 at n2's Raft address", "n1", before["n2"][0], "raft_addr", "is the Raft address of member \"n2\""},
+		{"a Raft address where nothing answers", "n2", absent, "raft_addr", "does not answer at " + absent},
+	} {
+		_, err := c.ReplaceNode(ctx, bad.id, bad.raft, "127.0.0.1:9")
+		var inv *fence.InvalidError
+		if !errors.As(err, &inv) || inv.Field != bad.field || !strings.Contains(inv.Reason, bad.reason) {
+			t.Errorf("replacing %s: %v; want invalid %s, %q", bad.name, err, bad.field, bad.reason)
+		}
+	}
+	if _, err := c.AddNode(ctx, "n9", before["n2"][0], "127.0.0.1:9"); !strings.Contains(fmt.Sprint(err), "is the Raft address of member") {
+		t.Errorf("adding n9 at n2's Raft address: %v; want invalid raft_addr, n2's", err)
+	}
+	if got := addrs(); got["n2"] != before["n2"] || got["n1"] != before["n1"] || len(got) != 2 {
+		t.Fatalf("after the refused replaces: %v; want %v", got, before)
+	}
+
+	nodes, err := c.ReplaceNode(ctx, "n2", before["n2"][0], "127.0.0.1:9")
+	if err != nil {
+		t.Fatalf("replacing n2's API address: %v", err)
+	}
+	for _, n := range nodes {
+		if n.ID == "n2" && n.APIAddr != "127.0.0.1:9" {
+			t.Errorf("the answer to the replace has n2 at api %s; want 127.0.0.1:9", n.APIAddr)
+		}
+	}
+	if got := addrs()["n2"][1]; got != "127.0.0.1:9" {
+		t.Errorf("after the replace n2 is at api %s; want 127.0.0.1:9", got)
+	}
+	// Back, as a moved node's operator would; then the node's own join at
+	// its addresses changes nothing.
+	if _, err := c.ReplaceNode(ctx, "n2", before["n2"][0], follower.Addr()); err != nil {
+		t.Fatalf("replacing n2 back: %v", err)
+	}
+	if _, err := c.AddNode(ctx, "n2", before["n2"][0], follower.Addr()); err != nil {
+		t.Errorf("adding n2 again at its addresses after the replace: %v", err)
+	}
+	if got := addrs(); got["n2"] != before["n2"] {
+		t.Errorf("n2 at %v; want %v", got["n2"], before["n2"])
+	}
+	if _, err := newClient(t, follower.Addr()).Grant(ctx, "through-the-follower"); err != nil {
+		t.Errorf("a grant through the follower after the replaces: %v", err)
 	}
 }
 

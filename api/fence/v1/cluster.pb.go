@@ -323,10 +323,18 @@ func (x *StatusResponse) GetAppliedIndex() uint64 {
 }
 
 type AddNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	ApiAddr       string                 `protobuf:"bytes,3,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	ApiAddr  string                 `protobuf:"bytes,3,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	// Replace moves the member id to raft_addr and api_addr: for an
+	// operator whose node moved (a new machine or address with its data
+	// directory) and cannot rejoin as itself, as with auth off. It needs
+	// the "cluster" permission, is refused from a node's own identity
+	// unless for itself, and is refused for an ID that is not a member.
+	// A new Raft address must answer, as for any node added; the API
+	// address is taken as given.
+	Replace       bool `protobuf:"varint,4,opt,name=replace,proto3" json:"replace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,6 +388,13 @@ func (x *AddNodeRequest) GetApiAddr() string {
 		return x.ApiAddr
 	}
 	return ""
+}
+
+func (x *AddNodeRequest) GetReplace() bool {
+	if x != nil {
+		return x.Replace
+	}
+	return false
 }
 
 type AddNodeResponse struct {
@@ -628,11 +643,12 @@ const file_fence_v1_cluster_proto_rawDesc = "" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04term\x18\x04 \x01(\x04R\x04term\x12!\n" +
 	"\fcommit_index\x18\x05 \x01(\x04R\vcommitIndex\x12#\n" +
-	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\"X\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\"r\n" +
 	"\x0eAddNodeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
-	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"7\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\x12\x18\n" +
+	"\areplace\x18\x04 \x01(\bR\areplace\"7\n" +
 	"\x0fAddNodeResponse\x12$\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0e.fence.v1.NodeR\x05nodes\"#\n" +
 	"\x11RemoveNodeRequest\x12\x0e\n" +

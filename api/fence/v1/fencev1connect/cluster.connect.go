@@ -54,10 +54,15 @@ type ClusterServiceClient interface {
 	// Status reports every voter in the Raft configuration and which node
 	// leads. Answered by the node asked, from its own view.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
-	// AddNode makes a node a voter. Adding a node that is already a voter at
-	// the same Raft address only updates its API address. A node ID that was
-	// removed is refused for good: a removed node rejoins under a new ID with
-	// an empty data directory.
+	// AddNode makes a node a voter. Adding a member again at its own Raft and
+	// API addresses changes nothing (a restart's join does that). At other
+	// addresses it is refused, unless the node itself asks, authenticated as
+	// that node (auth on: its certificate of the cluster CA), or the request
+	// sets replace: an operator's move of the member to the new addresses.
+	// Followers forward every call to the leader's API address, so it comes
+	// from the node or from an operator, never from anyone else. A node ID
+	// that was removed is refused for good: a removed node rejoins under a
+	// new ID with an empty data directory.
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
@@ -158,10 +163,15 @@ type ClusterServiceHandler interface {
 	// Status reports every voter in the Raft configuration and which node
 	// leads. Answered by the node asked, from its own view.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
-	// AddNode makes a node a voter. Adding a node that is already a voter at
-	// the same Raft address only updates its API address. A node ID that was
-	// removed is refused for good: a removed node rejoins under a new ID with
-	// an empty data directory.
+	// AddNode makes a node a voter. Adding a member again at its own Raft and
+	// API addresses changes nothing (a restart's join does that). At other
+	// addresses it is refused, unless the node itself asks, authenticated as
+	// that node (auth on: its certificate of the cluster CA), or the request
+	// sets replace: an operator's move of the member to the new addresses.
+	// Followers forward every call to the leader's API address, so it comes
+	// from the node or from an operator, never from anyone else. A node ID
+	// that was removed is refused for good: a removed node rejoins under a
+	// new ID with an empty data directory.
 	AddNode(context.Context, *connect.Request[v1.AddNodeRequest]) (*connect.Response[v1.AddNodeResponse], error)
 	// RemoveNode takes a node out of the Raft configuration.
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
