@@ -60,7 +60,12 @@
 // Reading the body is bounded only by the server: give the http.Server a
 // ReadTimeout (net/http has none by default), or a client that stalls keeps
 // its goroutine and what it sent of its body for as long as it likes,
-// though it no longer holds up anyone else's writes.
+// though it no longer holds up anyone else's writes. Slow headers never
+// reach the middleware: over HTTP/1 give the server a ReadHeaderTimeout;
+// over HTTP/2 net/http has no header deadline, and a trickled header block
+// holds its connection until the server's HTTP2Config.SendPingTimeout and
+// PingTimeout close it (no pings by default: then the IdleTimeout, or the
+// ReadTimeout when that is unset), as docs/security.md describes.
 //
 // The handler's answer is held back until the fenced section has ended,
 // and sent only if the section succeeded: with a store that commits the
