@@ -17,6 +17,6 @@ export {
 } from "./http.js";
 export { KeySet, RemoteKeySet, type KeysFile, type Verifier } from "./keys.js";
 export { formatToken, isSigned, MAX_TOKEN, parseToken, parseValue, signedPayload, validateScope, type Token } from "./token.js";
-export { pgAdvance, pgFenced, type Queryable } from "./pg.js";
+export { pgAdvance, pgFenced, type PgOptions, type Queryable } from "./pg.js";
 export type { Presented } from "./presented.js";
 export { dataKey, markKey, redisDel, redisHset, redisIncrby, redisSet, type RedisLike, type RedisWriteOptions } from "./redis.js";

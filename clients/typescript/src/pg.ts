@@ -15,18 +15,48 @@ export interface Queryable {
 }
 
 /**
+ * PgOptions say where the guard's functions are. schema names the schema
+ * `fencectl guard install` put them in (docs/protocol.md installs into a
+ * schema of their own, "fence"): the call is then qualified, so a function
+ * of the same name in a schema earlier in the connection's search_path
+ * cannot answer it. Without schema the call is unqualified, as before, and
+ * found through the search_path: safe only if no role the guard does not
+ * trust may create objects in a schema on it. The guard cannot check who
+ * may create in the schema named; keep CREATE on it to its owner.
+ */
+export interface PgOptions {
+  schema?: string;
+}
+
+// A PostgreSQL identifier fence's installer names: letters, digits,
+// underscores, at most 63 bytes, not starting with a digit.
+const schemaName = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
+
+/** pgFunction is the guard function fn, qualified by opts.schema when given. */
+function pgFunction(fn: string, opts: PgOptions): string {
+  if (opts.schema === undefined) return fn;
+  if (!schemaName.test(opts.schema)) {
+    throw new InvalidError("schema", `${JSON.stringify(opts.schema)} is not a schema name fence's installer makes (letters, digits and underscores, at most 63, not starting with a digit)`);
+  }
+  return `"${opts.schema}".${fn}`;
+}
+
+/**
  * pgAdvance checks a write against its scope's mark and advances the mark,
  * inside the transaction open on db: call it first, then write, then
  * commit. The mark's row stays locked until the transaction ends, so the
  * writers of a scope take turns. A stale token throws a StaleError (and
  * marks a Lease lost); the transaction is then aborted, roll it back. seq
  * (1 to 2^63−1) orders the writes of one token; without it the write is
- * ordered by its token alone.
+ * ordered by its token alone. opts.schema qualifies the guard's function
+ * (PgOptions); a schema name that is not one throws an InvalidError before
+ * any query.
  */
-export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigint): Promise<void> {
+export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigint, opts: PgOptions = {}): Promise<void> {
   const { token, lease } = presentedToken(presented);
+  const fn = pgFunction("fence_advance", opts);
   try {
-    await db.query("SELECT fence_advance($1::text, $2::bigint, $3::bigint)", [token.scope, token.value.toString(), (seq ?? 0n).toString()]);
+    await db.query(`SELECT ${fn}($1::text, $2::bigint, $3::bigint)`, [token.scope, token.value.toString(), (seq ?? 0n).toString()]);
   } catch (err) {
     throw pgError(err, lease);
   }
@@ -38,13 +68,14 @@ export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigin
  * must be one connection (a pg Client, or a PoolClient from pool.connect()),
  * not a Pool, whose queries may each take another connection. A stale
  * answer from fn's statements too (a fence_row_token trigger) becomes a
- * StaleError.
+ * StaleError. opts.schema qualifies the guard's function (PgOptions).
  */
-export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: Queryable) => Promise<T>, opts: { seq?: bigint } = {}): Promise<T> {
+export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: Queryable) => Promise<T>, opts: { seq?: bigint } & PgOptions = {}): Promise<T> {
   const { lease } = presentedToken(presented);
+  pgFunction("fence_advance", opts); // a bad schema fails before BEGIN
   await db.query("BEGIN");
   try {
-    await pgAdvance(db, presented, opts.seq);
+    await pgAdvance(db, presented, opts.seq, opts);
     const out = await fn(db);
     await db.query("COMMIT");
     return out;
