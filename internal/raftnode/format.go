@@ -169,9 +169,13 @@ func (n *Node) raiseFormat(ctx context.Context) {
 // concurrent use.
 func (n *Node) RaiseFormat(ctx context.Context) error {
 	// The office and the loop of raiseFormat may both try at once: one
-	// raises, the other finds it raised.
-	n.raising.Lock()
-	defer n.raising.Unlock()
+	// raises, the other finds it raised. A voter being added (AddVoter)
+	// is in the configuration membersBehind reads once the lock is ours.
+	unlock, err := n.lockMembers(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if n.Format() >= fsm.LogFormat {
 		return nil
 	}

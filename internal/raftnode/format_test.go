@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,4 +264,122 @@ func storedLogs(t *testing.T, n *Node) []raft.Log {
 		}
 	}
 	return logs
+}
+
+// TestRaiseWaitsForAddVoter: a raise of the log format and the addition of
+// a voter are one step each against the other. A voter whose build knows
+// the cluster's format, checked for it, is not added after a raise beyond
+// what it knows: it would stop at the entry that raised the format. Here
+// the raise comes while the leader asks the new voter which formats it
+// knows, the window the lone leader's raise at once fell into.
+func TestRaiseWaitsForAddVoter(t *testing.T) {
+	older := fsm.LogFormat - 1
+	peer := listenOlderBuild(t, older)
+	warned := make(chan struct{})
+	n, err := Open(Config{NodeID: "n1", DataDir: t.TempDir(), RaftListen: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(&signalWriter{want: "cannot raise the log format yet", seen: warned}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	// A cluster held below this build's format by a member of an older
+	// build: its raise waits probeInterval before it tries again, and
+	// meanwhile the member leaves.
+	boot := raft.Configuration{Servers: []raft.Server{
+		{ID: "n1", Address: raft.ServerAddress(n.RaftAddr()), Suffrage: raft.Voter},
+		{ID: "older", Address: peer.addr(), Suffrage: raft.Nonvoter},
+	}}
+	if err := n.raft.BootstrapCluster(boot).Error(); err != nil {
+		t.Fatal(err)
+	}
+	<-warned
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := n.Apply(ctx, fsm.Command{Op: fsm.OpSetFormat, Format: older}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.raft.RemoveServer("older", 0, 10*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if n.Format() != older {
+		t.Fatalf("log format %d, want %d", n.Format(), older)
+	}
+
+	// While the leader asks the new voter, a raise comes, and gives up
+	// after a second if it has to wait.
+	raised := make(chan error, 1)
+	peer.beforeAnswer(func() {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		defer rcancel()
+		raised <- n.RaiseFormat(rctx)
+	})
+	added := n.AddVoter(ctx, "old", string(peer.addr()), "127.0.0.1:1")
+	t.Logf("AddVoter: %v; the raise meanwhile: %v", added, <-raised)
+	if n.isMember("old", string(peer.addr())) && n.Format() > older {
+		t.Fatalf("a voter whose build knows log formats 1 to %d was added to a cluster of log format %d", older, n.Format())
+	}
+	if err := n.RaiseFormat(ctx); err == nil || !strings.Contains(err.Error(), `member old runs a build older`) {
+		t.Errorf("a raise with the older build a member: %v, want it refused", err)
+	}
+}
+
+// olderBuild is the Raft address of a node whose build knows log formats
+// 1 to format: it answers format probes, and ends every other connection.
+type olderBuild struct {
+	ln     net.Listener
+	format int
+	hook   atomic.Pointer[func()] // called once before the next answer
+}
+
+func listenOlderBuild(t testing.TB, format int) *olderBuild {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &olderBuild{ln: ln, format: format}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go b.serve(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return b
+}
+
+func (b *olderBuild) addr() raft.ServerAddress { return raft.ServerAddress(b.ln.Addr().String()) }
+
+// beforeAnswer makes f run before the next probe is answered.
+func (b *olderBuild) beforeAnswer(f func()) { b.hook.Store(&f) }
+
+func (b *olderBuild) serve(c net.Conn) {
+	defer c.Close()
+	var first [1]byte
+	if _, err := c.Read(first[:]); err != nil || first[0] != probeByte {
+		return
+	}
+	if f := b.hook.Swap(nil); f != nil {
+		(*f)()
+	}
+	c.Write([]byte{probeByte, byte(b.format)})
+}
+
+// signalWriter closes seen the first time a write contains want.
+type signalWriter struct {
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.want) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
 }

@@ -183,11 +183,30 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 		return &fence.InvalidError{Field: "raft_addr", Reason: fmt.Sprintf(
 			"node %q runs without a Raft listener (--raft-listen) and cannot reach peers; only nodes started with --raft-listen form a cluster", n.cfg.NodeID)}
 	}
+	// From the check of the node's build to its entry in the
+	// configuration, no raise of the log format (RaiseFormat) comes in
+	// between: the node would stop at the entry that raised it. A lone
+	// leader raises at once, so a first join would often meet one.
+	unlock, err := n.lockMembers(ctx)
+	if err != nil {
+		return err
+	}
+	held := true
+	defer func() {
+		if held {
+			unlock()
+		}
+	}()
 	// A member already at that address (restarted with --join) is not
 	// dialled nor probed: adding it again changes nothing, and a member cut
 	// off for now would be refused for good.
 	if !n.isMember(id, raftAddr) {
 		if err := n.reachable(id, raftAddr); err != nil {
+			return err
+		}
+		// A new leader may not have applied a raise committed before it
+		// took office: check against the format once it has.
+		if err := n.Barrier(ctx); err != nil {
 			return err
 		}
 		if err := n.knowsFormat(id, raftAddr); err != nil {
@@ -201,9 +220,24 @@ func (n *Node) AddVoter(ctx context.Context, id, raftAddr, apiAddr string) error
 	if r.Outcome == fsm.Invalid {
 		return r.Err
 	}
-	return n.wait(ctx, func() raft.Future {
+	// The lock is let go when raft has answered, even after ctx ends: a
+	// raise must not read the configuration while the voter may still
+	// enter it.
+	held = false
+	return n.waitThen(ctx, func() raft.Future {
 		return n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, timeout(ctx, 10*time.Second))
-	})
+	}, unlock)
+}
+
+// lockMembers takes the lock RaiseFormat and AddVoter hold, and returns
+// the function that lets it go; it gives up when ctx ends first.
+func (n *Node) lockMembers(ctx context.Context) (unlock func(), err error) {
+	select {
+	case n.members <- struct{}{}:
+		return func() { <-n.members }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: waiting for a change of the configuration or log format: %v", fence.ErrUnavailable, ctx.Err())
+	}
 }
 
 // reachable refuses to add a voter whose Raft address does not answer this
@@ -276,14 +310,23 @@ func (n *Node) RemoveServer(ctx context.Context, id string) error {
 // ctx ends; raft futures cannot be cancelled, so the operation may still
 // complete afterwards (and Close waits for it).
 func (n *Node) wait(ctx context.Context, start func() raft.Future) error {
+	return n.waitThen(ctx, start, func() {})
+}
+
+// waitThen is wait, and runs then once the future has answered, or at
+// once if the operation never starts.
+func (n *Node) waitThen(ctx context.Context, start func() raft.Future, then func()) error {
 	if !n.begin() {
+		then()
 		return errClosed
 	}
 	f := start()
 	done := make(chan error, 1)
 	go func() {
 		defer n.calls.RUnlock()
-		done <- f.Error()
+		err := f.Error()
+		then()
+		done <- err
 	}()
 	select {
 	case err := <-done:

@@ -123,8 +123,12 @@ type Node struct {
 	mu    sync.RWMutex // guards state
 	state *fsm.State
 	// format is the state's log format as of its last change (Format).
-	format  atomic.Int64
-	raising sync.Mutex // held by RaiseFormat
+	format atomic.Int64
+	// members is a lock of one slot, held by RaiseFormat and AddVoter
+	// (lockMembers): a raise of the log format reads the configuration
+	// only after any voter being added is in it, and a voter is checked
+	// against the format and added with no raise in between.
+	members chan struct{}
 
 	// calls is held for reading from the start of every Raft operation
 	// until its future has answered, and for writing by Close: Raft never
@@ -156,7 +160,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{}), lock: lock}
+	n := &Node{cfg: cfg, state: fsm.New(), notify: make(chan bool, 16), done: make(chan struct{}), lock: lock, members: make(chan struct{}, 1)}
 	n.format.Store(int64(n.state.Format()))
 	n.confirms.run = n.confirmRound
 	logger := newRaftLogger(cfg.Logger, cfg.RaftListen == "")
