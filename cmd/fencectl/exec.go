@@ -47,7 +47,8 @@ What is left of the group when COMMAND exits is killed too.
 
 Exit status: COMMAND's own; 4 if COMMAND was stopped because the lease was
 lost; 126 if COMMAND could not be started, 127 if it was not found; and as
-for acquire, 1, 2 or 3 if no lease was acquired (COMMAND did not run).
+for acquire, 1, 2, 3, 5, 6 or 7 if no lease was acquired (COMMAND did not
+run).
 
 fencectl itself never writes to stdout, which belongs to COMMAND; its
 messages go to stderr, as text whatever -o says.

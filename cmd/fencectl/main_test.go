@@ -5,10 +5,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,7 +109,7 @@ func startFenced(t *testing.T, extra ...string) *fenced {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := c.Get(ctx, "probe")
 		cancel()
-		if err == nil {
+		if err == nil || errors.Is(err, fence.ErrUnauthenticated) { // answering, with --auth-file
 			return &fenced{addr: addr, log: logPath}
 		}
 		select {
@@ -697,6 +701,46 @@ func TestExecForwardsSignals(t *testing.T) {
 		s.wantJSON(t, 0, &st, "get", scope)
 		if st.Held || st.LastToken != floor+1 {
 			t.Errorf("%v: after exec: %+v; want released, with last token %d (the floor %d, plus 1)", sig, st, floor+1, floor)
+		}
+	}
+}
+
+// TestRefusalExitStatus: a call the service refuses for who is calling,
+// or does not know, ends with an exit status and a JSON code of its own:
+// 5 unauthenticated, 6 permission denied, 7 unimplemented.
+func TestRefusalExitStatus(t *testing.T) {
+	t.Parallel()
+	const bearer = "s3cret-reader"
+	sum := sha256.Sum256([]byte(bearer))
+	authFile := filepath.Join(t.TempDir(), "auth.json")
+	auth := fmt.Sprintf(`{"tokens": [{"identity": "reader", "sha256": %q}],
+		"rules": [{"identity": "reader", "prefix": "", "allow": ["get"]}]}`, hex.EncodeToString(sum[:]))
+	if err := os.WriteFile(authFile, []byte(auth), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startFenced(t, "--auth-file", authFile)
+	s.want(t, 0, "get", "orders", "--auth-token", bearer)
+
+	// A service that knows no call: an HTTP server that answers 404.
+	none := httptest.NewServer(http.NotFoundHandler())
+	defer none.Close()
+	older := &fenced{addr: strings.TrimPrefix(none.URL, "http://")}
+
+	for _, tc := range []struct {
+		s      *fenced
+		args   []string
+		status int
+		code   string
+	}{
+		{s, []string{"get", "orders"}, 5, "unauthenticated"},
+		{s, []string{"get", "orders", "--auth-token", "wrong"}, 5, "unauthenticated"},
+		{s, []string{"acquire", "orders", "--auth-token", bearer}, 6, "permission_denied"},
+		{older, []string{"get", "orders"}, 7, "unimplemented"},
+	} {
+		var out errorOutput
+		r := tc.s.wantJSON(t, tc.status, &out, tc.args...)
+		if out.Code != tc.code || out.ExitStatus != tc.status {
+			t.Errorf("code %q, exit_status %d; want %q, %d\n%v", out.Code, out.ExitStatus, tc.code, tc.status, r)
 		}
 	}
 }

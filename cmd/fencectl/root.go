@@ -24,6 +24,9 @@ const (
 	exitUsage     = 2   // bad flags or arguments, or a request the service rejected as invalid
 	exitHeld      = 3   // the scope is held by another lease
 	exitLeaseLost = 4   // exec: the command was stopped because its lease was lost
+	exitUnauthed  = 5   // the service needs credentials, and got none it knows
+	exitDenied    = 6   // the service knows the caller, and its rules do not allow the call
+	exitUnknown   = 7   // the service does not know the call: older than fencectl
 	exitCannotRun = 126 // exec: the command was found but could not be started
 	exitNotFound  = 127 // exec: the command was not found
 )
@@ -48,8 +51,8 @@ Output:
   object per event, one per line, as events come. A failure prints
     {"error": MESSAGE, "code": CODE, "exit_status": N}
   with CODE one of usage, invalid, held, lease_lost, not_holder, unavailable,
-  timeout, interrupted, tokens_exhausted, missed_events, error; a held
-  error adds scope,
+  timeout, interrupted, tokens_exhausted, missed_events, unauthenticated,
+  permission_denied, unimplemented, error; a held error adds scope,
   holder, token and expires_in_ms of the lease in the way.
   Errors always also go to stderr as "fencectl: MESSAGE".
   exec never writes to stdout: stdout belongs to its command.
@@ -63,6 +66,12 @@ Exit status:
        above its --max-ttl)
   3    the scope is held by another lease; the message names its holder,
        its token and its time left
+  5    unauthenticated: the service needs credentials (--auth-token or
+       --cert/--key) and got none it knows
+  6    permission denied: the service's rules do not allow this caller the
+       call, or the scope
+  7    unimplemented: the service does not know the call; it runs an older
+       fenced than this fencectl
   exec exits with its command's status (128+N if the command was killed by
   signal N), or:
   4    the command was stopped because the lease was lost
@@ -308,6 +317,12 @@ func (a *app) classify(err error) (int, string) {
 		return exitError, "tokens_exhausted"
 	case errors.Is(err, fence.ErrMissedEvents):
 		return exitError, "missed_events"
+	case errors.Is(err, fence.ErrUnauthenticated):
+		return exitUnauthed, "unauthenticated"
+	case errors.Is(err, fence.ErrPermissionDenied):
+		return exitDenied, "permission_denied"
+	case errors.Is(err, fence.ErrUnimplemented):
+		return exitUnknown, "unimplemented"
 	case errors.Is(err, fence.ErrUnavailable):
 		return exitError, "unavailable"
 	case errors.Is(err, context.DeadlineExceeded):
