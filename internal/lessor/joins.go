@@ -24,10 +24,13 @@ const maxPark = 5 * time.Millisecond
 //
 // The order of arrival is kept: every waiting acquire parks, in arrival
 // order per scope, and an entry takes a scope's parked acquires from the
-// front, so the line is first come first served as the leader saw them
-// come. One whose scope is free, with nothing of its scope parked or on its
-// way, is proposed at once by its own caller, in an entry that takes it
-// and whatever parked before it. Otherwise a parked acquire is proposed
+// front, and none while an entry that took some of the scope's is on its
+// way: entries proposed at once reach the log in no set order, and a later
+// one would put its acquires in line in front of the earlier one's. So the
+// line is first come first served as the leader saw them come. One whose
+// scope is free, with nothing of its scope parked or on its way, is
+// proposed at once by its own caller, in an entry that takes it and
+// whatever parked before it. Otherwise a parked acquire is proposed
 // once its scope is free (a release or an expiry not carrying it freed it)
 // or it has waited maxPark.
 type joins struct {
@@ -120,7 +123,9 @@ func (js *joins) drop(scope string, list []*join) {
 }
 
 // take takes up to room parked acquires into an entry about to be
-// proposed; answer must follow.
+// proposed; answer must follow. It leaves a scope's acquires parked while
+// an entry that took some of them is on its way: answer wakes the flusher
+// for them.
 func (js *joins) take(room int) []*join {
 	if js.n.Load() == 0 || room <= 0 {
 		return nil
@@ -129,6 +134,9 @@ func (js *joins) take(room int) []*join {
 	defer js.mu.Unlock()
 	var out []*join
 	for scope, list := range js.parked {
+		if js.inflight[scope] > 0 {
+			continue
+		}
 		k := min(len(list), room-len(out))
 		out = append(out, list[:k]...)
 		js.inflight[scope] += k
@@ -176,7 +184,8 @@ func (js *joins) wake() {
 
 // due reports whether a parked acquire must be proposed now, its scope
 // free or its wait at maxPark, and if not, when the oldest will be (zero
-// if none is parked).
+// if none is parked). It passes over the scopes an entry on its way took
+// acquires of, which take leaves parked until it is answered.
 func (js *joins) due(n Node, now time.Time) (bool, time.Time) {
 	if js.n.Load() == 0 {
 		return false, time.Time{}
@@ -184,7 +193,10 @@ func (js *joins) due(n Node, now time.Time) (bool, time.Time) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	var oldest time.Time
-	for _, list := range js.parked {
+	for scope, list := range js.parked {
+		if js.inflight[scope] > 0 {
+			continue
+		}
 		if at := list[0].at; oldest.IsZero() || at.Before(oldest) {
 			oldest = at
 		}

@@ -430,6 +430,13 @@ func TestLetThroughWaiterKeepsItsPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	grantedInOrder(t, l, first, firstDone, second, secondDone)
+}
+
+// grantedInOrder wants the waiting acquire first, of scope s, granted, and
+// once it is released, second.
+func grantedInOrder(t *testing.T, l *Lessor, first fsm.Command, firstDone chan answer, second fsm.Command, secondDone chan answer) {
+	t.Helper()
 	var a answer
 	var want, other fsm.Command
 	var otherDone chan answer
@@ -445,10 +452,76 @@ func TestLetThroughWaiterKeepsItsPlace(t *testing.T) {
 	if a.err != nil || a.r.Outcome != fsm.Granted || a.r.Lease.ID != want.LeaseID {
 		t.Fatalf("first answer: %v, %v", a.r.Outcome, a.err)
 	}
-	if _, err := l.Release(ctx, "s", want.LeaseID); err != nil {
+	if _, err := l.Release(context.Background(), "s", want.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	if b := await(t, otherDone); b.err != nil || b.r.Lease.ID != other.LeaseID {
 		t.Fatalf("second answer: %v, %v", b.r.Outcome, b.err)
 	}
+}
+
+// applyGate blocks the Apply of the first entry that carries the lease ID
+// id, after it was taken and before the node has it, until opened.
+type applyGate struct {
+	*eventRecorder
+	id      fence.LeaseID
+	once    sync.Once
+	blocked chan struct{} // closed when that Apply blocks
+	open    chan struct{}
+}
+
+func (g *applyGate) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
+	carries := c.LeaseID == g.id
+	for _, b := range c.Commands {
+		carries = carries || b.LeaseID == g.id
+	}
+	if carries {
+		g.once.Do(func() {
+			close(g.blocked)
+			<-g.open
+		})
+	}
+	return g.eventRecorder.Apply(ctx, c)
+}
+
+// TestEntriesKeepAScopesWaitersInOrder: two entries that each carry a
+// waiter of one scope reach the log in the order the waiters came. Here
+// the entry that took the first waiter is held up before the node has it,
+// while the second waiter parks and another entry is proposed: that one
+// must not carry the second in front of the first.
+func TestEntriesKeepAScopesWaitersInOrder(t *testing.T) {
+	l, rec := parkingLessor(t, fsm.WaitBatchFormat)
+	ctx := context.Background()
+	x, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: "s", LeaseID: fence.NewLeaseID(), Holder: "x", TTL: time.Minute, At: time.Now().UnixNano()})
+	if err != nil || x.Outcome != fsm.Granted {
+		t.Fatalf("the holder's acquire: %v, %v", x.Outcome, err)
+	}
+	first := waitingAcquire("s", "first")
+	gate := &applyGate{eventRecorder: rec, id: first.LeaseID, blocked: make(chan struct{}), open: make(chan struct{})}
+	l.node = gate
+	firstDone := acquireAsync(t, ctx, l, first, 1)
+	other := func(scope string) error {
+		_, err := l.Acquire(ctx, fsm.Command{Op: fsm.OpAcquire, Scope: scope, LeaseID: fence.NewLeaseID(), Holder: "o", TTL: time.Minute, At: time.Now().UnixNano()})
+		return err
+	}
+	carrier := make(chan error, 1)
+	go func() { carrier <- other("o") }() // takes the first waiter
+	select {
+	case <-gate.blocked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no entry carried the first waiter within 20s")
+	}
+	second := waitingAcquire("s", "second")
+	secondDone := acquireAsync(t, ctx, l, second, 1)
+	if err := other("p"); err != nil { // may take the second waiter
+		t.Fatal(err)
+	}
+	close(gate.open)
+	if err := <-carrier; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Release(ctx, "s", x.Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	grantedInOrder(t, l, first, firstDone, second, secondDone)
 }

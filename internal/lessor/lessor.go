@@ -22,12 +22,14 @@
 //     before the proposal returns.
 //  3. Parked (joins): in office, from fsm.WaitBatchFormat on, it waits on
 //     the leader, behind the earlier waiting acquires of its scope, for an
-//     entry to carry it: the next one proposed, one its own caller
-//     proposes at once if its scope is free and nothing of its scope is
-//     parked or on its way, or the flusher's once its scope frees or after
-//     maxPark. Out of office, or below that format, it skips this state
-//     and is proposed alone. Leaves: its caller gives up (context error,
-//     nothing proposed); the office ends (leader changed).
+//     entry to carry it: the next one proposed while none that carries
+//     acquires of its scope is on its way (so that the log has them in
+//     the order they came), one its own caller proposes at once if its
+//     scope is free and nothing of its scope is parked or on its way, or
+//     the flusher's once its scope frees or after maxPark. Out of office,
+//     or below that format, it skips this state and is proposed alone.
+//     Leaves: its caller gives up (context error, nothing proposed); the
+//     office ends (leader changed).
 //  4. Carried: in an entry on its way. Leaves with the entry's result for
 //     it (granted, held, refused: answered as such; queued: on to 5) or its
 //     error (outcome unknown: the caller retries with its request ID).
