@@ -39,7 +39,7 @@ services-stop: ## stop the servers make services started from this checkout (the
 # the storage faults), cmd/fenced's storage fault tests (about a minute)
 # and the database tests.
 .PHONY: test
-test: services lint checkgenerate test-ts ## lint, check generated code, the whole suite with the race detector (~7 min on 2 idle cores, up to 15 when busy), a line per package
+test: services lint checkgenerate test-ts test-py ## lint, check generated code, the whole suite with the race detector (~7 min on 2 idle cores, up to 15 when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
 	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)
@@ -48,6 +48,18 @@ test: services lint checkgenerate test-ts ## lint, check generated code, the who
 test-ts: services ## the TypeScript client and guards (clients/typescript): npm ci, build, node --test against a real fenced and the servers of make services
 	set -a && source scripts/services.env && set +a && cd clients/typescript && \
 	  npm ci --no-audit --no-fund --prefer-offline && npm test
+
+# Debian's own interpreter, which make services gives python3-cryptography,
+# python3-psycopg2 and python3-redis: a python3 earlier on PATH (pyenv, a
+# venv) may lack them.
+PYTHON ?= /usr/bin/python3
+
+.PHONY: test-py
+test-py: services ## the Python client and guards (clients/python): unittest against a real fenced and the servers of make services
+	$(GO) build -o clients/python/build/bin/ ./cmd/fenced ./cmd/fencectl
+	set -a && source scripts/services.env && set +a && cd clients/python && \
+	  FENCED_BIN=$$PWD/build/bin/fenced FENCECTL_BIN=$$PWD/build/bin/fencectl PYTHONPATH=src \
+	  $(PYTHON) -m unittest discover -s tests
 
 .PHONY: test-short
 test-short: ## a first look: no databases, no race detector, no cluster, kill or fault-run tests

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Private PostgreSQL, MariaDB and Redis servers for fence's tests, and the
-# headless Chromium that the status page's tests drive.
+# Private PostgreSQL, MariaDB and Redis servers for fence's tests, the
+# headless Chromium that the status page's tests drive, Node.js for the
+# TypeScript client's and Debian's Python packages for the Python client's.
 #
 #   scripts/services.sh [start]   install what is missing, start, wait, print the DSNs
 #   scripts/services.sh stop      stop the instances this state dir started
@@ -286,6 +287,20 @@ resolve_binaries() {
 	if ! find_bin node >/dev/null || ! find_bin npm >/dev/null; then
 		MISSING+=(nodejs npm)
 	fi
+	# Nor these: Debian's python3 and the packages the Python client's
+	# tests import (make test-py), for Debian's own interpreter, which a
+	# python3 earlier on PATH (pyenv, a venv) may not be.
+	local mod
+	local -A pkg_of=([setuptools]=python3-setuptools [cryptography]=python3-cryptography
+		[psycopg2]=python3-psycopg2 [redis]=python3-redis [venv]=python3-venv)
+	if [[ ! -x /usr/bin/python3 ]]; then
+		MISSING+=(python3)
+	fi
+	for mod in setuptools cryptography psycopg2 redis venv; do
+		if [[ ! -x /usr/bin/python3 ]] || ! /usr/bin/python3 -c "import $mod" 2>/dev/null; then
+			MISSING+=("${pkg_of[$mod]}")
+		fi
+	done
 }
 
 ensure_packages() {

@@ -1,0 +1,54 @@
+"""fence for Python: the client of fenced, the fence lease service, and
+fenced writes to PostgreSQL and Redis through fence's guards inside them.
+
+    import fence
+
+    client = fence.Client("http://127.0.0.1:7480", holder="worker-3")
+    with client.acquire("orders", ttl=10) as lease:
+        ...  # write under lease.token_text; stop when lease.lost is set
+
+The lease needs nothing but the standard library. Verifying token
+signatures (KeySet, RemoteKeySet) needs the cryptography package; the
+guards take the caller's psycopg2 connection or redis-py client. The
+protocol it implements is docs/protocol.md in fence's repository.
+"""
+
+from .client import MAX_REPORT, Client, Lease, Rejection, Reporter
+from .errors import (
+    FenceError,
+    HeldError,
+    InvalidError,
+    LostError,
+    MissingCryptographyError,
+    NotHolderError,
+    StaleError,
+    UnavailableError,
+    WaitTimeoutError,
+)
+from .keys import KeySet, RemoteKeySet, have_cryptography
+from .pgguard import pg_advance, pg_fenced
+from .redisguard import data_key, mark_key, redis_del, redis_hset, redis_incrby, redis_set
+from .token import (
+    MAX_SCOPE_LEN,
+    MAX_TOKEN,
+    Token,
+    check,
+    format_token,
+    parse_token,
+    parse_value,
+    signed_payload,
+    validate_scope,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Lease", "Rejection", "Reporter", "MAX_REPORT",
+    "FenceError", "HeldError", "InvalidError", "LostError", "MissingCryptographyError",
+    "NotHolderError", "StaleError", "UnavailableError", "WaitTimeoutError",
+    "KeySet", "RemoteKeySet", "have_cryptography",
+    "pg_advance", "pg_fenced",
+    "data_key", "mark_key", "redis_del", "redis_hset", "redis_incrby", "redis_set",
+    "MAX_SCOPE_LEN", "MAX_TOKEN", "Token", "check", "format_token", "parse_token",
+    "parse_value", "signed_payload", "validate_scope",
+]

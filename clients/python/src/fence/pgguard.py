@@ -1,0 +1,169 @@
+"""Fenced writes to PostgreSQL through fence's guard inside the database:
+the function fence_advance(scope, token, seq) that `fencectl guard install
+postgres://...` puts there (docs/protocol.md, "Guards inside the
+database"). It keeps its marks in sqlguard's table fence_tokens, so Go,
+TypeScript and Python writers of a scope share one mark.
+
+Works with psycopg2 (Debian's python3-psycopg2), which this module does
+not import: it takes a connection (or, for pg_advance, a cursor) that has
+psycopg2's shape.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from .errors import FenceError, InvalidError, StaleError
+from ._presented import Presented, presented_token, stale_from_fields
+
+if TYPE_CHECKING:
+    from .client import Lease, Reporter
+
+__all__ = ["pg_advance", "pg_fenced"]
+
+T = TypeVar("T")
+
+# A PostgreSQL identifier fence's installer names: letters, digits,
+# underscores, at most 63 bytes, not starting with a digit.
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_MAX_SEQ = (1 << 63) - 1
+
+
+def _function(schema: Optional[str]) -> str:
+    if schema is None:
+        return "fence_advance"
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise InvalidError(
+            "schema",
+            f"{schema!r} is not a schema name fence's installer makes "
+            "(letters, digits and underscores, at most 63, not starting with a digit)",
+        )
+    return f'"{schema}".fence_advance'
+
+
+def _seq(seq: int) -> int:
+    if not isinstance(seq, int) or seq < 0 or seq > _MAX_SEQ:
+        raise InvalidError("seq", f"sequence {seq!r} is not an int from 0 (none) to 2^63-1")
+    return seq
+
+
+def pg_advance(
+    cur: Any,
+    presented: Presented,
+    seq: int = 0,
+    schema: Optional[str] = None,
+    reporter: Optional["Reporter"] = None,
+    guard: str = "postgresql",
+) -> None:
+    """pg_advance checks a write against its scope's mark and advances the
+    mark, inside the transaction open on cur (a psycopg2 cursor, or a
+    connection): call it first, then write, then commit. The mark's row
+    stays locked until the transaction ends, so the writers of a scope take
+    turns. A stale token raises a StaleError, marks a Lease lost and reports
+    the rejection to fenced (to reporter, or the lease's client, naming
+    guard); the transaction is then aborted: roll it back. seq (1 to
+    2^63−1) orders the writes of one token; 0 is none.
+
+    schema names the schema `fencectl guard install` put the function in
+    (docs/protocol.md installs into "fence"): the call is then qualified, so
+    a function of the same name earlier in the connection's search_path
+    cannot answer it. Without it the call is unqualified and found through
+    the search_path: safe only if no role the guard does not trust may
+    create in a schema on it. A schema that is not an identifier raises an
+    InvalidError before any query.
+    """
+    token, lease = presented_token(presented)
+    fn = _function(schema)
+    seq = _seq(seq)
+    if hasattr(cur, "cursor") and not hasattr(cur, "execute"):
+        with cur.cursor() as c:
+            _advance(c, fn, token.scope, token.value, seq, lease, reporter, guard)
+    else:
+        _advance(cur, fn, token.scope, token.value, seq, lease, reporter, guard)
+
+
+def _advance(cur: Any, fn: str, scope: str, value: int, seq: int, lease, reporter, guard: str) -> None:
+    try:
+        cur.execute(f"SELECT {fn}(%s::text, %s::bigint, %s::bigint)", (scope, value, seq))
+    except Exception as err:
+        raise _pg_error(err, lease, reporter, guard) from err
+
+
+def pg_fenced(
+    conn: Any,
+    presented: Presented,
+    fn: Callable[[Any], T],
+    seq: int = 0,
+    schema: Optional[str] = None,
+    reporter: Optional["Reporter"] = None,
+    guard: str = "postgresql",
+) -> T:
+    """pg_fenced runs fn(cursor) in a transaction on conn (a psycopg2
+    connection with no transaction open) that begins with pg_advance, and
+    commits it if fn returns; it rolls back and raises if either fails,
+    returning fn's result otherwise. A stale answer from fn's statements too
+    (a fence_row_token trigger) becomes a StaleError. seq, schema, reporter
+    and guard are pg_advance's."""
+    token, lease = presented_token(presented)
+    func = _function(schema)  # a bad schema fails before BEGIN
+    seq = _seq(seq)
+    status = getattr(getattr(conn, "info", None), "transaction_status", 0)
+    if status != 0:  # psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        raise FenceError(
+            "pg_fenced needs a connection with no transaction open: its check must be the "
+            "transaction's first statement (call pg_advance first in a transaction of your own instead)"
+        )
+    autocommit = bool(getattr(conn, "autocommit", False))
+    cur = conn.cursor()
+    try:
+        if autocommit:
+            cur.execute("BEGIN")
+        # Without autocommit, psycopg2 begins the transaction itself.
+        _advance(cur, func, token.scope, token.value, seq, lease, reporter, guard)
+        try:
+            out = fn(cur)
+        except Exception as err:
+            raise _pg_error(err, lease, reporter, guard) from err
+        if autocommit:
+            cur.execute("COMMIT")
+        else:
+            conn.commit()
+        return out
+    except BaseException:
+        # The error that matters is the first; a failed rollback adds nothing
+        # the caller can act on (the connection is broken, and the server
+        # rolls back anyway).
+        try:
+            if autocommit:
+                cur.execute("ROLLBACK")
+            else:
+                conn.rollback()
+        except Exception:
+            pass
+        raise
+    finally:
+        try:
+            cur.close()
+        except Exception:
+            pass
+
+
+def _pg_error(err: BaseException, lease, reporter, guard: str) -> BaseException:
+    """_pg_error turns the guard's SQLSTATEs into this package's errors:
+    FN409 (stale, with DETAIL "scope=S presented_token=T highest_token=H
+    ...") and FN400 (a malformed argument). Other errors pass unchanged."""
+    if isinstance(err, FenceError):
+        return err
+    code = getattr(err, "pgcode", None)
+    diag = getattr(err, "diag", None)
+    if code == "FN400":
+        msg = getattr(diag, "message_primary", None) or str(err).strip()
+        return InvalidError("token", msg)
+    if code != "FN409":
+        return err
+    detail = getattr(diag, "message_detail", None) or ""
+    if "presented_token=" not in detail:
+        detail = str(err)
+    stale: StaleError = stale_from_fields(detail, lease, reporter, guard)
+    return stale
