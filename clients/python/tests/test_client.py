@@ -9,7 +9,7 @@ import threading
 import time
 import unittest
 
-from support import SRC, Fenced, until
+from support import needs_cryptography, SRC, Fenced, until
 
 import fence
 from fence import Client, HeldError, InvalidError, LostError, UnavailableError, WaitTimeoutError
@@ -31,6 +31,7 @@ class TestLease(unittest.TestCase):
         self.client = Client(F.url, holder="py-test")
         self.addCleanup(self.client.close)
 
+    @needs_cryptography
     def test_acquire_signed_token_release(self):
         lease = self.client.acquire("py/acquire", ttl=5)
         self.assertIsInstance(lease.token, int)

@@ -526,6 +526,7 @@ class Lease:
         self._lock = threading.Lock()
         self._lost = threading.Event()
         self._error: Optional[LostError] = None
+        self._expired = False
         self._thread = threading.Thread(target=self._keep_alive, name=f"fence-keepalive {self.scope}", daemon=True)
 
     def __repr__(self) -> str:
@@ -620,13 +621,16 @@ class Lease:
 
     def _check_clock(self) -> None:
         if not self._lost.is_set() and time.monotonic() >= self.valid_until:
-            self._lose(f"no renewal confirmed within the TTL of {_duration_text(self.ttl)} (local validity ran out)")
+            self._lose(f"no renewal confirmed within the TTL of {_duration_text(self.ttl)} (local validity ran out)", expired=True)
 
-    def _lose(self, reason: Union[str, LostError]) -> None:
-        """_lose records the first reason the lease ended and stops it."""
+    def _lose(self, reason: Union[str, LostError], expired: bool = False) -> None:
+        """_lose records the first reason the lease ended and stops it.
+        expired says that the local validity ran out: the keep-alive thread
+        then releases the lease as it ends."""
         with self._lock:
             if self._error is not None:
                 return
+            self._expired = expired
             if isinstance(reason, str):
                 reason = LostError(
                     f'lease on "{self.scope}" with token {self.token} is lost: {reason}',
@@ -637,7 +641,19 @@ class Lease:
         self._lost.set()
 
     def _keep_alive(self) -> None:
-        """_keep_alive renews the lease every third of its TTL, counted from
+        """_keep_alive runs _renewals, and when the lease has ended because
+        its local validity ran out, releases it: the service may have
+        granted a renewal whose answer came too late, and a release frees
+        the scope only while this lease is current, so it takes nothing
+        from a newer holder."""
+        self._renewals()
+        with self._lock:
+            expired = self._expired
+        if expired:
+            self._client._release_quietly(self._info)
+
+    def _renewals(self) -> None:
+        """_renewals renews the lease every third of its TTL, counted from
         the send time its validity counts from, and ends the lease when
         fenced says it is lost or its local validity runs out. It runs until
         the lease ends, which it does by the validity deadline at the
@@ -651,10 +667,6 @@ class Lease:
             now = time.monotonic()
             if now >= valid:
                 self._check_clock()
-                # The service may have granted a renewal whose answer came too
-                # late: a release frees the scope only while this lease is
-                # current, so it takes nothing from a newer holder.
-                self._client._release_quietly(self._info)
                 return
             if now < nxt:
                 continue
