@@ -168,13 +168,13 @@ func TestTokensIncrease(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != 1 {
-		t.Fatalf("after release: Get = %+v, want free with last token 1", st)
+	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != 2 {
+		t.Fatalf("after release: Get = %+v, want free with last token 2, the closing of token 1", st)
 	}
 
 	l = acquire(t, c, "orders")
-	if l.Token().Value != 2 {
-		t.Fatalf("token after release = %d, want 2", l.Token().Value)
+	if l.Token().Value != 3 {
+		t.Fatalf("token after release = %d, want 3, after the closing", l.Token().Value)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -185,13 +185,13 @@ func TestTokensIncrease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Token != 3 {
-		t.Fatalf("Grant token = %d, want 3", g.Token)
+	if g.Token != 5 {
+		t.Fatalf("Grant token = %d, want 5", g.Token)
 	}
 	eventually(t, "the unrenewed grant expires", func() bool { return get(t, c, "orders").Lease == nil })
 	l = acquire(t, c, "orders")
-	if l.Token().Value != 4 {
-		t.Fatalf("token after expiry = %d, want 4", l.Token().Value)
+	if l.Token().Value != 7 {
+		t.Fatalf("token after expiry = %d, want 7, after the closing 6", l.Token().Value)
 	}
 
 	// Another scope has its own counter.
@@ -416,7 +416,7 @@ func TestWaitFIFO(t *testing.T) {
 		if a.err != nil {
 			t.Fatalf("%s: %v", names[i], a.err)
 		}
-		want := holder.Token().Value + uint64(i) + 1
+		want := holder.Token().Value + 2*uint64(i) + 2 // each end closes a token
 		if a.lease.Token().Value != want || a.lease.Holder() != names[i] {
 			t.Fatalf("grant %d went to %s with token %d, want %s with token %d",
 				i+1, a.lease.Holder(), a.lease.Token().Value, names[i], want)
@@ -450,8 +450,8 @@ func TestWaitDeadline(t *testing.T) {
 	if err := holder.Release(testContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != holder.Token().Value {
-		t.Fatalf("after release: Get = %+v %+v, want free with last token %d", st, st.Lease, holder.Token().Value)
+	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != holder.Token().Value+1 {
+		t.Fatalf("after release: Get = %+v %+v, want free with last token %d, the closing", st, st.Lease, holder.Token().Value+1)
 	}
 }
 
@@ -506,8 +506,8 @@ func TestRequestID(t *testing.T) {
 			t.Errorf("%v: want a *fence.LostError with token %d", err, first.Token)
 		}
 	}
-	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != first.Token {
-		t.Fatalf("Get = %+v, want free with last token %d: no second token", st, first.Token)
+	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != first.Token+1 {
+		t.Fatalf("Get = %+v, want free with last token %d, the closing: no second token", st, first.Token+1)
 	}
 }
 
@@ -736,8 +736,8 @@ func TestLeaseRelease(t *testing.T) {
 	if !errors.Is(l.Err(), fence.ErrLeaseLost) {
 		t.Errorf("Err() after Release = %v, want fence.ErrLeaseLost", l.Err())
 	}
-	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != l.Token().Value {
-		t.Fatalf("after Release: Get = %+v, want free with last token %d", st, l.Token().Value)
+	if st := get(t, c, "orders"); st.Lease != nil || st.LastToken != l.Token().Value+1 {
+		t.Fatalf("after Release: Get = %+v, want free with last token %d, the closing", st, l.Token().Value+1)
 	}
 	renewals := rc.n.Load()
 	time.Sleep(2 * ttl) // several renewal periods
@@ -994,7 +994,7 @@ func TestConcurrentHolders(t *testing.T) {
 				if st.holder != -1 {
 					fail("%s granted to worker %d with token %d while worker %d holds it", scope, w, tok, st.holder)
 				}
-				if tok != st.last+1 {
+				if want := st.last + 2; st.last == 0 && tok != 1 || st.last != 0 && tok != want { // each release closes one
 					fail("%s: token %d granted after token %d", scope, tok, st.last)
 				}
 				st.holder, st.last = w, tok
@@ -1026,11 +1026,11 @@ func TestConcurrentHolders(t *testing.T) {
 	for i, st := range states {
 		scope := fmt.Sprintf("busy/%d", i)
 		want := workers * rounds / nScopes
-		if st.granted != want || st.last != uint64(want) {
-			t.Errorf("%s: %d grants, last token %d; want %d and %d", scope, st.granted, st.last, want, want)
+		if st.granted != want || st.last != uint64(2*want-1) {
+			t.Errorf("%s: %d grants, last token %d; want %d and %d", scope, st.granted, st.last, want, 2*want-1)
 		}
-		if got := get(t, clients[0], scope); got.Lease != nil || got.LastToken != uint64(want) || got.Waiters != 0 {
-			t.Errorf("Get(%s) = %+v, want free with last token %d", scope, got, want)
+		if got := get(t, clients[0], scope); got.Lease != nil || got.LastToken != uint64(2*want) || got.Waiters != 0 {
+			t.Errorf("Get(%s) = %+v, want free with last token %d, the last closing", scope, got, 2*want)
 		}
 	}
 }
@@ -1099,8 +1099,8 @@ func TestCloseEndsLeases(t *testing.T) {
 			t.Fatalf("lease %v: Done is open after Close returned", l.Token())
 		}
 		waitLost(t, l)
-		if st := get(t, c, l.Scope()); st.Lease != nil || st.LastToken != l.Token().Value {
-			t.Errorf("%q after Close: Get = %+v, want free with last token %d", l.Scope(), st, l.Token().Value)
+		if st := get(t, c, l.Scope()); st.Lease != nil || st.LastToken != l.Token().Value+1 {
+			t.Errorf("%q after Close: Get = %+v, want free with last token %d, the closing", l.Scope(), st, l.Token().Value+1)
 		}
 	}
 	checkHeld(t, c, "lost", "closing", lost.Token().Value)
@@ -1217,7 +1217,7 @@ func TestCloseOvertakesAcquire(t *testing.T) {
 	if err := <-done; !errors.Is(err, fence.ErrClosed) {
 		t.Fatalf("Acquire overtaken by Close = %v, want fence.ErrClosed", err)
 	}
-	if st := get(t, c, "late"); st.Lease != nil || st.LastToken != 1 {
-		t.Errorf("after the overtaken Acquire: Get = %+v, want free with last token 1", st)
+	if st := get(t, c, "late"); st.Lease != nil || st.LastToken != 2 {
+		t.Errorf("after the overtaken Acquire: Get = %+v, want free with last token 2, the closing of 1", st)
 	}
 }

@@ -27,6 +27,12 @@ func ExampleClient_Watch() {
 			log.Fatal(err)
 		}
 		fmt.Println(e.Kind, e.Scope, e.Token, e.Holder)
+		if e.Closing != 0 {
+			// The end of a lease closes its token with the next value,
+			// granted to nobody: a guard advanced to it refuses the
+			// token (guard/follow does so).
+			fmt.Println("closed with", e.Closing)
+		}
 		if e.Kind == client.EventHeld {
 			// The watch is live: what happens from here on is seen.
 			if _, err := c.Release(ctx, "orders/1", first.ID); err != nil {
@@ -43,7 +49,8 @@ func ExampleClient_Watch() {
 	// Output:
 	// held orders/1 1 worker-1
 	// released orders/1 1 worker-1
-	// granted orders/1 2 worker-2
+	// closed with 2
+	// granted orders/1 3 worker-2
 }
 
 func ExampleElection() {

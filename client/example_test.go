@@ -146,7 +146,7 @@ func ExampleClient_Get() {
 	fmt.Printf("free: %t, last token %d\n", st.Lease == nil, st.LastToken)
 	// Output:
 	// held by worker-1, token 1, last token 1
-	// free: true, last token 1
+	// free: true, last token 2
 }
 
 func ExampleClient_RenewBatch() {
@@ -222,7 +222,7 @@ func ExampleClient_Close() {
 	// Output:
 	// lease on "orders" with token 1 is lost: its client was closed
 	// true
-	// fence:v1:orders:2
+	// fence:v1:orders:3
 }
 
 func ExampleClient_Backup() {

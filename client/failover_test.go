@@ -66,8 +66,8 @@ func exercise(t *testing.T, c *client.Client, scope string) {
 		t.Fatalf("Release = %d, %v; want token %d", tok, err, g.Token)
 	}
 	l := acquire(t, c, scope)
-	if l.Token().Value != g.Token+1 {
-		t.Fatalf("Acquire after release: token %d, want %d", l.Token().Value, g.Token+1)
+	if l.Token().Value != g.Token+2 {
+		t.Fatalf("Acquire after release: token %d, want %d, after the closing", l.Token().Value, g.Token+2)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Lease.Release: %v", err)

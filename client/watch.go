@@ -63,6 +63,13 @@ type Event struct {
 	Current uint64
 	// Guard names, for EventRejected, the guard that reported it.
 	Guard string
+	// Closing is, for EventReleased and EventExpired, the closing token:
+	// a value the end of the lease consumed and granted to nobody, above
+	// Token and below every later grant of the scope. A guard whose mark
+	// is advanced to it refuses Token from then on (a follower,
+	// guard/follow, does so). It is 0 when the end closed nothing: the service's log format
+	// is below 8 (a member runs an older build), or Token was the maximum.
+	Closing uint64
 }
 
 func eventFrom(e *fencev1.WatchEvent) Event {
@@ -76,6 +83,7 @@ func eventFrom(e *fencev1.WatchEvent) Event {
 		TTL:              e.Ttl.AsDuration(),
 		Current:          e.CurrentToken,
 		Guard:            e.Guard,
+		Closing:          e.ClosingToken,
 	}
 	if ev.Kind == "" {
 		ev.Kind = EventKind(fmt.Sprintf("unknown(%d)", e.Kind))

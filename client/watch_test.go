@@ -185,13 +185,13 @@ func TestElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	l2 := <-won
-	if l2 == nil || l2.Token().Value != 2 {
+	if l2 == nil || l2.Token().Value != 3 { // 2 closed the first leader's
 		t.Fatalf("second leader's lease = %v", l2)
 	}
 	observed(client.Leader{}) // one resigned …
-	observed(client.Leader{Holder: "two", Token: 2})
-	if got, err := e1.Leader(ctx); err != nil || got != (client.Leader{Holder: "two", Token: 2}) {
-		t.Fatalf("Leader = %+v, %v; want two with token 2", got, err)
+	observed(client.Leader{Holder: "two", Token: 3})
+	if got, err := e1.Leader(ctx); err != nil || got != (client.Leader{Holder: "two", Token: 3}) {
+		t.Fatalf("Leader = %+v, %v; want two with token 3", got, err)
 	}
 	if err := e1.Resign(ctx); err != nil {
 		t.Fatalf("resigning again: %v", err)

@@ -26,7 +26,10 @@ func ExampleNewServer() {
 			log.Fatal(err)
 		}
 	}
+	// Each release closes its token with the next value, granted to
+	// nobody, so the second grant is 3.
+
 	// Output:
 	// fence:v1:orders:1
-	// fence:v1:orders:2
+	// fence:v1:orders:3
 }

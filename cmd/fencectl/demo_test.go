@@ -85,8 +85,8 @@ func TestDemoAddr(t *testing.T) {
 	for _, scope := range []string{"demo/pause-guarded", "demo/delay-guarded", "demo/pause-unguarded", "demo/delay-unguarded"} {
 		var st getOutput
 		f.wantJSON(t, exitOK, &st, "get", scope)
-		if st.LastToken != floor+2 {
-			t.Errorf("%s on the fenced at --addr: %+v, want last token %d (the floor %d, then A's, then B's)", scope, st, floor+2, floor)
+		if st.LastToken != floor+4 {
+			t.Errorf("%s on the fenced at --addr: %+v, want last token %d (the floor %d, then A's, its closing, B's and its closing)", scope, st, floor+4, floor)
 		}
 	}
 }

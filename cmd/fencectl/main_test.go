@@ -336,11 +336,12 @@ func TestWalkthrough(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &free); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]any{"scope": "orders", "held": false, "last_token": float64(t1)}; !mapsEqual(free, want) {
+	// Its last token is the closing of t1 (log format 8).
+	if want := map[string]any{"scope": "orders", "held": false, "last_token": float64(t1 + 1)}; !mapsEqual(free, want) {
 		t.Errorf("get of a free scope: %v, want %v", free, want)
 	}
 	r = s.want(t, 0, "get", "orders")
-	if want := fmt.Sprintf("orders is free; last token %d\n", t1); r.stdout != want {
+	if want := fmt.Sprintf("orders is free; last token %d\n", t1+1); r.stdout != want {
 		t.Errorf("get text: %q, want %q", r.stdout, want)
 	}
 
@@ -497,8 +498,8 @@ func TestExecEnvironment(t *testing.T) {
 
 	var after getOutput
 	s.wantJSON(t, 0, &after, "get", "exports")
-	if after.Held || after.LastToken != tok.Value {
-		t.Errorf("after exec: %+v; want free with last token %d", after, tok.Value)
+	if after.Held || after.LastToken != tok.Value+1 {
+		t.Errorf("after exec: %+v; want free with last token %d, the closing", after, tok.Value+1)
 	}
 }
 
@@ -514,8 +515,8 @@ func TestExecExitStatus(t *testing.T) {
 	wantStderr(t, r, "/nonexistent/command")
 	var st getOutput
 	s.wantJSON(t, 0, &st, "get", "st")
-	if st.Held || st.LastToken != floor+3 {
-		t.Errorf("after three execs: %+v; want free with last token %d (the floor %d, plus 3)", st, floor+3, floor)
+	if st.Held || st.LastToken != floor+6 {
+		t.Errorf("after three execs: %+v; want free with last token %d (the floor %d, plus 3 grants and their closings)", st, floor+6, floor)
 	}
 
 	s.want(t, 0, "acquire", "st", "--holder", "other")
@@ -699,8 +700,8 @@ func TestExecForwardsSignals(t *testing.T) {
 		}
 		var st getOutput
 		s.wantJSON(t, 0, &st, "get", scope)
-		if st.Held || st.LastToken != floor+1 {
-			t.Errorf("%v: after exec: %+v; want released, with last token %d (the floor %d, plus 1)", sig, st, floor+1, floor)
+		if st.Held || st.LastToken != floor+2 {
+			t.Errorf("%v: after exec: %+v; want released, with last token %d (the floor %d, plus the grant and its closing)", sig, st, floor+2, floor)
 		}
 	}
 }

@@ -35,9 +35,10 @@ func TestObservability(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// A scope's first, second and third tokens, counted from the floor
-	// fenced took office with: alice's, bob's and carol's in orders.
+	// fenced took office with: alice's, bob's and carol's in orders; the
+	// end of each lease closes its token with the next value.
 	floor := s.floor(t)
-	t1, t2, t3 := floor+1, floor+2, floor+3
+	t1, t2, t3 := floor+1, floor+3, floor+5
 
 	var alice leaseOutput
 	s.wantJSON(t, 0, &alice, "acquire", "orders", "--holder", "alice", "--ttl", "30s")
@@ -90,16 +91,17 @@ func TestObservability(t *testing.T) {
 		token   uint64
 		holder  string
 		current uint64
+		closing uint64
 	}{
-		{"released", t1, "alice", 0},
-		{"granted", t2, "bob", 0},
-		{"expired", t2, "bob", 0},
-		{"granted", t3, "carol", 0},
-		{"rejected", t2, "bob", t3}, // reported by the guard
+		{"released", t1, "alice", 0, t1 + 1},
+		{"granted", t2, "bob", 0, 0},
+		{"expired", t2, "bob", 0, t2 + 1},
+		{"granted", t3, "carol", 0, 0},
+		{"rejected", t2, "bob", t3, 0}, // reported by the guard
 	} {
 		e := w.event(t)
-		if e.Kind != want.kind || e.Scope != "orders" || e.Token != want.token || e.Holder != want.holder || e.CurrentToken != want.current {
-			t.Fatalf("watch line %d = %+v, want orders %s with token %d by %s (current %d)", i+2, e, want.kind, want.token, want.holder, want.current)
+		if e.Kind != want.kind || e.Scope != "orders" || e.Token != want.token || e.Holder != want.holder || e.CurrentToken != want.current || e.ClosingToken != want.closing {
+			t.Fatalf("watch line %d = %+v, want orders %s with token %d by %s (current %d, closing %d)", i+2, e, want.kind, want.token, want.holder, want.current, want.closing)
 		}
 	}
 	if err := w.wait(); err != nil {
@@ -136,8 +138,8 @@ func TestObservability(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	if f := fams["fence_stale_token_gap"]; f == nil || f.Metric[0].Histogram.GetSampleSum() != 1 {
-		t.Errorf("fence_stale_token_gap = %v, want one gap of 1 (token %d refused after %d)", f, t2, t3)
+	if f := fams["fence_stale_token_gap"]; f == nil || f.Metric[0].Histogram.GetSampleSum() != 2 {
+		t.Errorf("fence_stale_token_gap = %v, want one gap of 2 (token %d refused after %d)", f, t2, t3)
 	}
 
 	// The status page, in a browser, with two more leases beside.

@@ -27,6 +27,7 @@ type eventJSON struct {
 	Time         string `json:"time,omitempty"`
 	CurrentToken uint64 `json:"current_token,omitempty"`
 	Guard        string `json:"guard,omitempty"`
+	ClosingToken uint64 `json:"closing_token,omitempty"` // released, expired: the token value the end consumed
 }
 
 func eventOut(e client.Event) eventJSON {
@@ -41,6 +42,7 @@ func eventOut(e client.Event) eventJSON {
 		TTLMs:        e.TTL.Milliseconds(),
 		CurrentToken: e.Current,
 		Guard:        e.Guard,
+		ClosingToken: e.Closing,
 	}
 	if !e.Time.IsZero() {
 		out.Time = e.Time.UTC().Format(time.RFC3339Nano)
@@ -69,6 +71,10 @@ func eventText(e client.Event) string {
 		fmt.Fprintf(&b, "  current token %d", e.Current)
 	case client.EventRejected:
 		fmt.Fprintf(&b, "  highest accepted %d  guard %q", e.Current, e.Guard)
+	case client.EventReleased, client.EventExpired:
+		if e.Closing != 0 {
+			fmt.Fprintf(&b, "  closing token %d", e.Closing)
+		}
 	}
 	if e.Position != 0 {
 		fmt.Fprintf(&b, "  position %d", e.Position)

@@ -26,6 +26,7 @@ type eventOutput struct {
 	Time         string `json:"time"`
 	CurrentToken uint64 `json:"current_token"`
 	Guard        string `json:"guard"`
+	ClosingToken uint64 `json:"closing_token"`
 }
 
 // watcher is a running "fencectl watch" whose output is read line by line.

@@ -109,11 +109,11 @@ func Example() {
 	fmt.Println(write(a, "A's order again"))
 	fmt.Println("stored:", svc.Last())
 	// Output:
-	// B writes with fence:v1:orders:2 → <nil>
+	// B writes with fence:v1:orders:3 → <nil>
 	// A writes with fence:v1:orders:1 → FailedPrecondition true true
-	// stale fencing token for "orders": token 1 was superseded by token 2
-	// lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 2
-	// grpcguard: /grpc.testing.TestService/UnaryCall not sent: lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 2
+	// stale fencing token for "orders": token 1 was superseded by token 3
+	// lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 3
+	// grpcguard: /grpc.testing.TestService/UnaryCall not sent: lease on "orders" with token 1 is lost: stale fencing token for "orders": token 1 was superseded by token 3
 	// stored: B's order
 }
 

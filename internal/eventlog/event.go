@@ -54,6 +54,9 @@ type Event struct {
 	// rejected, the highest token the guard had accepted.
 	Current uint64
 	Guard   string // for rejected: the guard that reported it
+	// Closing is, for released and expired from log format 8 on, the
+	// token value the end consumed, granted to nobody (fsm.Event.Closing).
+	Closing uint64
 }
 
 // FromFSM converts an applied transition; cancelled waiters are not lease
@@ -71,5 +74,5 @@ func FromFSM(e fsm.Event, at time.Time) (Event, bool) {
 		return Event{}, false
 	}
 	return Event{Kind: k, Scope: e.Scope, Token: e.Lease.Token, Holder: e.Lease.Holder,
-		LeaseID: e.Lease.ID, TTL: e.Lease.TTL, At: at}, true
+		LeaseID: e.Lease.ID, TTL: e.Lease.TTL, At: at, Closing: e.Closing}, true
 }

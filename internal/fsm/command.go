@@ -70,11 +70,13 @@ const (
 //   - 5: an OpBatch may carry waiting acquires.
 //   - 6: entries may be protobuf (BinaryFormat).
 //   - 7: OpPromote raises every scope's counter to its Token (FloorFormat).
+//   - 8: the end of a lease (release, expiry) consumes the next token
+//     value, granted to nobody (CloseFormat).
 //
 // A build must apply every format up to its own exactly as the builds
 // that introduced them did: replicas of different builds apply the same
 // log alike until the format is raised.
-const LogFormat = 7
+const LogFormat = 8
 
 // ErrUnknownEntry wraps DecodeCommand's error for an entry this build does
 // not understand: an operation or field it does not know, a log format
@@ -119,6 +121,17 @@ const KeyScheduleFormat = 4
 // (docs/design.md, "The token floor"). Below it the Token is ignored, as
 // the builds before it did.
 const FloorFormat = 7
+
+// CloseFormat is the first log format in which the end of a lease, by
+// release (OpRelease, or OpCancel of a granted waiter) or expiry (OpExpire,
+// OpExpireMany), closes its token: it consumes the scope's next token
+// value, N+1 for a lease of token N, and grants it to nobody. The event
+// of the end carries it (Event.Closing), so that a follower advancing a
+// guard's mark to it refuses N's late writes under the guard's unchanged
+// rule before anyone else wrote; the next grant is N+2. A lease of token
+// fence.MaxToken closes nothing, no value being left. Below it the end
+// consumes nothing, as the builds before it did.
+const CloseFormat = 8
 
 // MaxKeyDelay bounds how long after At an OpAddKey's key may start to sign.
 const MaxKeyDelay = 366 * 24 * time.Hour

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"github.com/fence-dev/fence"
 )
 
@@ -304,6 +307,160 @@ func TestPromoteRaisesTokenFloor(t *testing.T) {
 		}
 		if r := grant(t, s, "a", 1); r.Lease.Token != 1 {
 			t.Errorf("after a refused promote the first token is %d, want 1", r.Lease.Token)
+		}
+	})
+}
+
+// TestEndClosesToken (invariant 9): from CloseFormat on, a release or an
+// expiry consumes the scope's next token value, granted to nobody, and
+// its event carries it; the next grant, a waiter's at once included, is
+// above it. Below it nothing is consumed, as the builds before it did,
+// so that replicas of both builds agree until the format is raised.
+func TestEndClosesToken(t *testing.T) {
+	closed := func(kind EventKind, scope string, l Lease, closing uint64) Event {
+		e := ev(kind, scope, l)
+		e.Closing = closing
+		return e
+	}
+	setup := func(format int) *State {
+		s := New()
+		s.Apply(Command{Op: OpSetFormat, Format: format})
+		return s
+	}
+	type step struct {
+		c    Command
+		want []Event
+	}
+	for _, tc := range []struct {
+		name   string
+		format int
+		steps  []step
+	}{
+		{"release", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{release("a", 1), []Event{closed(EventReleased, "a", leaseOf(1, 1), 2)}},
+			{acquire("a", 2), []Event{ev(EventGranted, "a", leaseOf(2, 3))}},
+		}},
+		{"expiry", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{expire("a", 1), []Event{closed(EventExpired, "a", leaseOf(1, 1), 2)}},
+			{acquire("a", 2), []Event{ev(EventGranted, "a", leaseOf(2, 3))}},
+		}},
+		{"expire many", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{acquire("b", 2), []Event{ev(EventGranted, "b", leaseOf(2, 1))}},
+			{Command{Op: OpExpireMany, Expiries: []Expiry{{"a", 1}, {"b", 1}}},
+				[]Event{closed(EventExpired, "a", leaseOf(1, 1), 2), closed(EventExpired, "b", leaseOf(2, 1), 2)}},
+		}},
+		{"a waiter granted at once", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{acquire("a", 2, wait), nil},
+			{release("a", 1), []Event{closed(EventReleased, "a", leaseOf(1, 1), 2), ev(EventGranted, "a", leaseOf(2, 3))}},
+			{cancel("a", 2), []Event{closed(EventReleased, "a", leaseOf(2, 3), 4)}},
+		}},
+		{"in a batch", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{Command{Op: OpBatch, Commands: []Command{release("a", 1), acquire("a", 2)}},
+				[]Event{closed(EventReleased, "a", leaseOf(1, 1), 2), ev(EventGranted, "a", leaseOf(2, 3))}},
+		}},
+		{"after a token floor", CloseFormat, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{Command{Op: OpPromote, Token: 100}, nil},
+			{release("a", 1), []Event{closed(EventReleased, "a", leaseOf(1, 1), 101)}},
+			{acquire("a", 2), []Event{ev(EventGranted, "a", leaseOf(2, 102))}},
+		}},
+		{"format 7 closes nothing", CloseFormat - 1, []step{
+			{acquire("a", 1), []Event{ev(EventGranted, "a", leaseOf(1, 1))}},
+			{acquire("a", 2, wait), nil},
+			{release("a", 1), []Event{ev(EventReleased, "a", leaseOf(1, 1)), ev(EventGranted, "a", leaseOf(2, 2))}},
+			{expire("a", 2), []Event{ev(EventExpired, "a", leaseOf(2, 2))}},
+			{acquire("a", 3), []Event{ev(EventGranted, "a", leaseOf(3, 3))}},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := setup(tc.format)
+			for i, st := range tc.steps {
+				r := s.Apply(st.c)
+				if r.Outcome == Invalid {
+					t.Fatalf("step %d: %v", i, r.Err)
+				}
+				if diff := cmp.Diff(st.want, r.Events, cmpopts.EquateEmpty()); diff != "" {
+					t.Fatalf("step %d: %+v: events (-want +got):\n%s", i, st.c, diff)
+				}
+			}
+		})
+	}
+
+	t.Run("the counter holds the closing", func(t *testing.T) {
+		// Get reports it as Last, a snapshot keeps it, and a scope
+		// whose idle record is dropped starts above it.
+		s := setup(CloseFormat)
+		s.keepIdle = 0
+		s.Apply(acquire("kept", 1))
+		s.Apply(acquire("kept", 2, wait))
+		s.Apply(release("kept", 1)) // closes 1 with 2, grants 3
+		s.Apply(acquire("dropped", 3))
+		s.Apply(release("dropped", 3)) // closes 1 with 2, dropped into the floor
+		if _, ok := s.scopes["dropped"]; ok {
+			t.Fatal("the idle record was kept")
+		}
+		if got := s.Get("dropped").Last; got != 2 {
+			t.Errorf("a dropped scope reports last %d, want its closing 2", got)
+		}
+		restored, err := Restore(s.Snapshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		restored.keepIdle = 0
+		for _, st := range []*State{s, restored} {
+			if r := st.Apply(acquire("dropped", 4)); r.Lease.Token != 3 {
+				t.Errorf("a dropped scope acquired again: token %d, want 3, above its closing 2", r.Lease.Token)
+			}
+			if r := st.Apply(release("kept", 2)); len(r.Events) != 1 || r.Events[0].Closing != 4 {
+				t.Errorf("release of token 3: %+v, want closing 4", r.Events)
+			}
+		}
+	})
+
+	t.Run("a retry after the end", func(t *testing.T) {
+		// A retried acquire whose lease ended answers lost, the scope
+		// free (Current 0: a closing is no lease); a new acquire is
+		// granted above the closing.
+		s := setup(CloseFormat)
+		s.Apply(acquire("a", 1, reqID("r")))
+		s.Apply(release("a", 1))
+		r := s.Apply(acquire("a", 9, as(1), reqID("r")))
+		if r.Outcome != Lost || r.Lease.Token != 1 || r.Current != 0 {
+			t.Errorf("retry after release: %v token %d current %d, want lost token 1 current 0", r.Outcome, r.Lease.Token, r.Current)
+		}
+		if r := s.Apply(acquire("a", 2, reqID("q"))); r.Outcome != Granted || r.Lease.Token != 3 {
+			t.Errorf("acquire after the retry: %v token %d, want granted 3", r.Outcome, r.Lease.Token)
+		}
+		if r := s.Apply(acquire("a", 9, as(1), reqID("r"))); r.Outcome != Lost || r.Current != 3 {
+			t.Errorf("retry while another holds it: %v current %d, want lost current 3", r.Outcome, r.Current)
+		}
+	})
+
+	t.Run("near the maximum", func(t *testing.T) {
+		// A lease of MaxToken-1 closes with MaxToken, and its waiters,
+		// left with no token, are cancelled; a lease of MaxToken closes
+		// nothing: no value is left, which the event shows as 0.
+		s := mustRestore(t, fmt.Sprintf(`{"scopes":[{"scope":"a","last":%d},{"scope":"b","last":%d}]}`, fence.MaxToken-2, fence.MaxToken-1))
+		s.Apply(Command{Op: OpSetFormat, Format: CloseFormat})
+		s.Apply(acquire("a", 1))
+		s.Apply(acquire("a", 2, wait))
+		r := s.Apply(release("a", 1))
+		want := []Event{closed(EventReleased, "a", leaseOf(1, fence.MaxToken-1), fence.MaxToken), ev(EventCancelled, "a", waiterOf(2))}
+		if diff := cmp.Diff(want, r.Events); diff != "" {
+			t.Errorf("release of MaxToken-1 with a waiter (-want +got):\n%s", diff)
+		}
+		if r := s.Apply(acquire("a", 3)); r.Outcome != Exhausted {
+			t.Errorf("acquire after the closing took MaxToken: %v, want exhausted", r.Outcome)
+		}
+		s.Apply(acquire("b", 4))
+		r = s.Apply(expire("b", fence.MaxToken))
+		if want := []Event{ev(EventExpired, "b", leaseOf(4, fence.MaxToken))}; !cmp.Equal(want, r.Events) {
+			t.Errorf("expiry of MaxToken: %+v, want no closing", r.Events)
 		}
 	})
 }

@@ -59,16 +59,17 @@ type view struct {
 }
 
 type evView struct {
-	Kind  EventKind
-	Scope string
-	ID    fence.LeaseID
-	Token uint64
+	Kind    EventKind
+	Scope   string
+	ID      fence.LeaseID
+	Token   uint64
+	Closing uint64
 }
 
 func viewOf(r Result) view {
 	v := view{Outcome: r.Outcome, Scope: r.Scope, ID: r.Lease.ID, Token: r.Lease.Token, Req: r.Lease.RequestID, Current: r.Current}
 	for _, e := range r.Events {
-		v.Events = append(v.Events, evView{e.Kind, e.Scope, e.Lease.ID, e.Lease.Token})
+		v.Events = append(v.Events, evView{e.Kind, e.Scope, e.Lease.ID, e.Lease.Token, e.Closing})
 	}
 	return v
 }
@@ -200,12 +201,19 @@ func (ms *mScope) grant(name string, l mLease, evs *[]evView) bool {
 	if len(ms.recent) > recentGrants {
 		ms.recent = ms.recent[1:]
 	}
-	*evs = append(*evs, evView{EventGranted, name, l.id, l.token})
+	*evs = append(*evs, evView{EventGranted, name, l.id, l.token, 0})
 	return true
 }
 
-func (ms *mScope) free(name string, kind EventKind, evs *[]evView) {
-	*evs = append(*evs, evView{kind, name, ms.holder.id, ms.holder.token})
+// free ends the holder's lease; from CloseFormat on (closing) the end
+// takes the next token, unless none is left.
+func (ms *mScope) free(name string, kind EventKind, closing bool, evs *[]evView) {
+	e := evView{kind, name, ms.holder.id, ms.holder.token, 0}
+	if closing && ms.last < fence.MaxToken {
+		ms.last++
+		e.Closing = ms.last
+	}
+	*evs = append(*evs, e)
 	ms.holder = nil
 	if len(ms.queue) == 0 {
 		return
@@ -214,7 +222,7 @@ func (ms *mScope) free(name string, kind EventKind, evs *[]evView) {
 	ms.queue = ms.queue[1:]
 	if !ms.grant(name, next, evs) {
 		for _, w := range append([]mLease{next}, ms.queue...) {
-			*evs = append(*evs, evView{EventCancelled, name, w.id, 0})
+			*evs = append(*evs, evView{EventCancelled, name, w.id, 0, 0})
 		}
 		ms.queue = nil
 	}
@@ -246,7 +254,7 @@ func (m *model) release(name string, id fence.LeaseID) view {
 		return ms.notCurrent(id)
 	}
 	v := view{Outcome: Released, ID: h.id, Token: h.token, Req: h.req}
-	ms.free(name, EventReleased, &v.Events)
+	ms.free(name, EventReleased, m.format >= CloseFormat, &v.Events)
 	return v
 }
 
@@ -257,7 +265,7 @@ func (m *model) expire(name string, token uint64) view {
 	}
 	h := ms.holder
 	v := view{Outcome: Expired, ID: h.id, Token: h.token, Req: h.req}
-	ms.free(name, EventExpired, &v.Events)
+	ms.free(name, EventExpired, m.format >= CloseFormat, &v.Events)
 	return v
 }
 
@@ -269,7 +277,7 @@ func (m *model) cancel(name string, id fence.LeaseID) view {
 	if i := slices.IndexFunc(ms.queue, func(w mLease) bool { return w.id == id }); i >= 0 {
 		w := ms.queue[i]
 		ms.queue = slices.Delete(ms.queue, i, i+1)
-		return view{Outcome: Cancelled, ID: w.id, Req: w.req, Events: []evView{{EventCancelled, name, w.id, 0}}}
+		return view{Outcome: Cancelled, ID: w.id, Req: w.req, Events: []evView{{EventCancelled, name, w.id, 0, 0}}}
 	}
 	if ms.holder != nil && ms.holder.id == id {
 		return m.release(name, id)
@@ -293,7 +301,7 @@ func (m *model) promote(floor uint64) view {
 	slices.Sort(names)
 	for _, name := range names {
 		for _, w := range m.scopes[name].queue {
-			v.Events = append(v.Events, evView{EventCancelled, name, w.id, 0})
+			v.Events = append(v.Events, evView{EventCancelled, name, w.id, 0, 0})
 		}
 		m.scopes[name].queue = nil
 	}
@@ -322,7 +330,8 @@ type run struct {
 	ids     []fence.LeaseID            // every lease ID a command carried
 	granted map[string][]fence.LeaseID // per scope, every lease ID granted
 	tokenOf map[fence.LeaseID]uint64   // the token each lease ID was granted with
-	last    map[string]uint64          // per scope, the last granted token seen in events
+	last    map[string]uint64          // per scope, the last granted or closing token seen in events
+	closed  map[string]map[uint64]bool // per scope, every closing token seen in events
 	holder  map[string]fence.LeaseID   // per scope, the holder according to the events
 	seen    map[Outcome]int            // outcomes of every run, to check the runs reach them all
 }
@@ -455,9 +464,17 @@ func (r *run) event(t *rapid.T, i int, e Event) {
 	switch e.Kind {
 	case EventGranted:
 		// Invariant 1: per scope, the tokens of successive grants
-		// strictly increase, so no token is issued twice.
+		// strictly increase, so no token is issued twice. Invariant 9:
+		// a closing token is never granted, and every grant is above
+		// every closing of its scope (r.last counts them).
 		if e.Lease.Token <= r.last[e.Scope] {
 			t.Fatalf("step %d: %s granted token %d after token %d", i, e.Scope, e.Lease.Token, r.last[e.Scope])
+		}
+		if r.closed[e.Scope][e.Lease.Token] {
+			t.Fatalf("step %d: %s granted token %d, which closed a lease", i, e.Scope, e.Lease.Token)
+		}
+		if e.Closing != 0 {
+			t.Fatalf("step %d: %s granted with closing token %d", i, e.Scope, e.Closing)
 		}
 		if e.Lease.Token > fence.MaxToken {
 			t.Fatalf("step %d: %s granted token %d, above the maximum", i, e.Scope, e.Lease.Token)
@@ -475,7 +492,33 @@ func (r *run) event(t *rapid.T, i int, e Event) {
 			t.Fatalf("step %d: %s %v lease %s/%d, but the holder is %s/%d", i, e.Scope, e.Kind, e.Lease.ID, e.Lease.Token, h, r.tokenOf[h])
 		}
 		delete(r.holder, e.Scope)
+		// Invariant 9: from CloseFormat on, the end of a lease of token
+		// N closes it with the scope's next token value (N+1, or above a
+		// token floor a promote set meanwhile), above every token of the
+		// scope before, unless no value is left; below it, nothing is
+		// closed. The model checks the value itself.
+		switch {
+		case r.s.Format() < CloseFormat:
+			if e.Closing != 0 {
+				t.Fatalf("step %d: %s %v token %d closing %d under format %d", i, e.Scope, e.Kind, e.Lease.Token, e.Closing, r.s.Format())
+			}
+		case e.Closing == 0:
+			if ms := r.m.scopes[e.Scope]; ms == nil || ms.last != fence.MaxToken {
+				t.Fatalf("step %d: %s %v token %d closed nothing under format %d with tokens left", i, e.Scope, e.Kind, e.Lease.Token, r.s.Format())
+			}
+		case e.Closing <= e.Lease.Token || e.Closing <= r.last[e.Scope]:
+			t.Fatalf("step %d: %s %v token %d closing %d, after token %d", i, e.Scope, e.Kind, e.Lease.Token, e.Closing, r.last[e.Scope])
+		default:
+			r.last[e.Scope] = e.Closing
+			if r.closed[e.Scope] == nil {
+				r.closed[e.Scope] = map[uint64]bool{}
+			}
+			r.closed[e.Scope][e.Closing] = true
+		}
 	case EventCancelled:
+		if e.Closing != 0 {
+			t.Fatalf("step %d: a cancelled waiter closes token %d", i, e.Closing)
+		}
 		if e.Lease.Token != 0 {
 			t.Fatalf("step %d: a cancelled waiter has token %d", i, e.Lease.Token)
 		}
@@ -519,10 +562,10 @@ func (r *run) compare(t *rapid.T, i int) {
 		if ms == nil {
 			ms = &mScope{last: r.m.floor}
 		}
-		// Last is never below a token the scope was granted, forgotten
-		// or not.
+		// Last is never below a token the scope was granted or closed,
+		// forgotten or not.
 		if in.Last < r.last[name] {
-			t.Fatalf("step %d: %s reports last %d, below its granted token %d", i, name, in.Last, r.last[name])
+			t.Fatalf("step %d: %s reports last %d, below its granted or closing token %d", i, name, in.Last, r.last[name])
 		}
 		if in.Last != ms.last || in.Waiters != len(ms.queue) || (in.Lease == nil) != (ms.holder == nil) {
 			t.Fatalf("step %d: %s = %+v, model last %d, %d waiters, holder %v", i, name, in, ms.last, len(ms.queue), ms.holder)
@@ -566,7 +609,7 @@ func TestApplyMatchesModel(t *testing.T) {
 		r := &run{
 			s: New(), twin: New(), m: newModel(keep), scopes: []string{"a", "b/1", "c"},
 			granted: map[string][]fence.LeaseID{}, tokenOf: map[fence.LeaseID]uint64{},
-			last: map[string]uint64{}, holder: map[string]fence.LeaseID{}, seen: seen,
+			last: map[string]uint64{}, holder: map[string]fence.LeaseID{}, seen: seen, closed: map[string]map[uint64]bool{},
 		}
 		if rapid.Bool().Draw(t, "near the maximum token") {
 			left := rapid.Uint64Range(0, 3).Draw(t, "tokens left")

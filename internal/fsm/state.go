@@ -168,6 +168,13 @@ type Event struct {
 	Kind  EventKind
 	Scope string
 	Lease Lease // for cancelled: the waiter's would-be lease, token 0
+	// Closing is, for released and expired from CloseFormat on, the token
+	// value the end of the lease consumed and granted to nobody: the
+	// lease's token + 1. A guard whose mark is advanced to it refuses the
+	// ended lease's token, and every later grant of the scope is above it.
+	// It is 0 below CloseFormat, and when the lease's token was
+	// fence.MaxToken, which leaves no value to consume.
+	Closing uint64
 }
 
 // ErrLineFull is Result.Err of an acquire refused as held because the
@@ -484,15 +491,23 @@ func (sc *scope) grant(name string, w Waiter, at int64, r *Result) {
 }
 
 // free ends the current lease with the given event and hands the scope to
-// the first waiter, if any.
-func (sc *scope) free(name string, kind EventKind, at int64, r *Result) {
+// the first waiter, if any. With closing (from CloseFormat on) the end
+// consumes the next token value, granted to nobody, so the lease's token
+// is closed: a guard advanced to the closing value refuses it, and the
+// next grant, a waiter's included, is above it.
+func (sc *scope) free(name string, kind EventKind, at int64, closing bool, r *Result) {
 	l := *sc.lease
 	if !sc.hasCurrent() {
 		m := sc.grow()
 		m.ended = append(m.ended, grantOf(&l)) // at most recentGrants: held, it kept one fewer
 	}
 	sc.lease = nil
-	r.Events = append(r.Events, Event{Kind: kind, Scope: name, Lease: l})
+	e := Event{Kind: kind, Scope: name, Lease: l}
+	if closing && sc.last < fence.MaxToken {
+		sc.last++
+		e.Closing = sc.last
+	}
+	r.Events = append(r.Events, e)
 	if len(sc.waiters()) == 0 {
 		return
 	}
@@ -520,7 +535,7 @@ func (s *State) release(c Command) Result {
 		return sc.notCurrent(c)
 	}
 	r := Result{Outcome: Released, Scope: c.Scope, Lease: *sc.lease}
-	sc.free(c.Scope, EventReleased, c.At, &r)
+	sc.free(c.Scope, EventReleased, c.At, s.Format() >= CloseFormat, &r)
 	return r
 }
 
@@ -530,7 +545,7 @@ func (s *State) expire(c Command) Result {
 		return Result{Outcome: NoOp, Scope: c.Scope}
 	}
 	r := Result{Outcome: Expired, Scope: c.Scope, Lease: *sc.lease}
-	sc.free(c.Scope, EventExpired, c.At, &r)
+	sc.free(c.Scope, EventExpired, c.At, s.Format() >= CloseFormat, &r)
 	return r
 }
 

@@ -60,6 +60,9 @@ func (l *eventLines) run() {
 			slog.String("holder", e.Lease.Holder),
 			slog.Duration("ttl", e.Lease.TTL),
 		)
+		if e.Closing != 0 {
+			r.AddAttrs(slog.Uint64("closing_token", e.Closing))
+		}
 		h.Handle(context.Background(), r) // a failed write has nowhere to be reported
 	}
 }

@@ -259,11 +259,12 @@ func TestReplayedRequestID(t *testing.T) {
 			t.Errorf("B's refused acquires changed the state (-before +after):\n%s", diff)
 		}
 	}
-	// ownGrant: B, granted with A's request ID, has a lease of its own.
+	// ownGrant: B, granted with A's request ID, has a lease of its own,
+	// after the token that closed A's.
 	ownGrant := func(t *testing.T, lb fence.Lease, err error, of fence.Lease) {
 		t.Helper()
-		if err != nil || lb.Holder != "B" || lb.ID == of.ID || lb.Token != of.Token+1 {
-			t.Errorf("B with A's request ID: %+v, %v; want a lease of B's own, token %d", lb, err, of.Token+1)
+		if err != nil || lb.Holder != "B" || lb.ID == of.ID || lb.Token != of.Token+2 {
+			t.Errorf("B with A's request ID: %+v, %v; want a lease of B's own, token %d", lb, err, of.Token+2)
 		}
 	}
 
@@ -314,8 +315,8 @@ func TestReplayedRequestID(t *testing.T) {
 			t.Fatal(err)
 		}
 		la := <-granted
-		if la.Holder != "A" || la.Token != lc.Token+1 {
-			t.Errorf("A was granted %+v; want A with token %d", la, lc.Token+1)
+		if la.Holder != "A" || la.Token != lc.Token+2 {
+			t.Errorf("A was granted %+v; want A with token %d, after the closing of %d", la, lc.Token+2, lc.Token)
 		}
 		heldForB(t, "billing", "Q", la.ID)
 	})

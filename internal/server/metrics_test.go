@@ -91,8 +91,9 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-waited
-	if r.err != nil || r.l.Token != 3 {
-		t.Fatalf("waiting grant = %+v, %v; want token 3", r.l, r.err)
+	// Tokens 1 (alice) and 3 (bob), each closed by the next value.
+	if r.err != nil || r.l.Token != 5 {
+		t.Fatalf("waiting grant = %+v, %v; want token 5", r.l, r.err)
 	}
 	// "jobs" is granted for the minimum TTL and never renewed: it expires,
 	// and renewing it afterwards is answered lost.

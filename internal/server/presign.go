@@ -2,6 +2,7 @@ package server
 
 import (
 	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/internal/fsm"
 )
 
 // maxQueuedPresigns bounds the grants waiting for their scope's next
@@ -9,7 +10,8 @@ import (
 const maxQueuedPresigns = 1024
 
 // presigner makes, ahead of time, the signature of the next token of a
-// scope that was just granted, when that scope is one this node granted
+// scope (the token after the next from log format 8 on, whose releases and
+// expiries take one value each) that was just granted, when that scope is one this node granted
 // before: a lock taken again and again, or a contended scope whose line
 // takes its turns. The grant that follows then finds its signature in the
 // signer's cache instead of making it while its caller waits; a token's
@@ -44,8 +46,17 @@ func (p *presigner) run() {
 		if t.Value == 0 || t.Value >= fence.MaxToken {
 			continue
 		}
-		if p.s.signer.signed(fence.Token{Scope: t.Scope, Value: t.Value - 1}) {
-			p.s.sign(fence.Token{Scope: t.Scope, Value: t.Value + 1}) // a no-op if already made
+		// From fsm.CloseFormat on, the end of each lease takes a token
+		// value of its own: the scope's grants go 2 apart.
+		step := uint64(1)
+		if p.s.node.Format() >= fsm.CloseFormat {
+			step = 2
+		}
+		if t.Value <= step || t.Value > fence.MaxToken-step {
+			continue
+		}
+		if p.s.signer.signed(fence.Token{Scope: t.Scope, Value: t.Value - step}) {
+			p.s.sign(fence.Token{Scope: t.Scope, Value: t.Value + step}) // a no-op if already made
 		}
 	}
 }

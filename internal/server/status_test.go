@@ -17,9 +17,10 @@ import (
 	"github.com/fence-dev/fence/internal/version"
 )
 
-// lifeOfAScope makes "orders" show a grant, an expiry, a second grant and
-// a stale write of the first token reported by a guard, and "jobs" a lease
-// held now by alice.
+// lifeOfAScope makes "orders" show a grant, an expiry (which closes token
+// 1 with 2), a second grant (3) and a stale write of the first token
+// reported by a guard whose mark was advanced to the closing, and "jobs" a
+// lease held now by alice.
 func lifeOfAScope(ctx context.Context, t testing.TB, c *client.Client) {
 	t.Helper()
 	if _, err := c.Grant(ctx, "orders", client.WithHolder("bob"), client.WithTTL(100*time.Millisecond)); err != nil {
@@ -53,8 +54,8 @@ func TestStatusPage(t *testing.T) {
 	for _, want := range []string{
 		"<b>n1</b>", "ready: leader n1",
 		"<td>jobs</td><td>alice</td><td class=\"num\">1</td>",
-		"<td>orders</td><td>carol</td><td class=\"num\">2</td>",
-		"granted #1 bob</span>", "expired #1 bob</span>", "granted #2 carol</span>", "rejected #1 bob (highest #2)</span>",
+		"<td>orders</td><td>carol</td><td class=\"num\">3</td>",
+		"granted #1 bob</span>", "expired #1 bob</span>", "granted #3 carol</span>", "rejected #1 bob (highest #2)</span>",
 		"orders-db refused orders token 1 (held by bob); it had accepted token 2",
 		// The build, for the node and in the nodes' table.
 		`it runs fenced <span class="mono" id="version">` + html.EscapeString(version.Get().Short()) + "</span>",
@@ -178,7 +179,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	lifeOfAScope(ctx, t, c)
 	b.Navigate(ctx, "http://"+follower.Addr()+"/")
 	b.WaitText(ctx, "This is node n2", "Leases as seen by leader",
-		"jobs\talice\t1", "orders\tcarol\t2",
+		"jobs\talice\t1", "orders\tcarol\t3",
 		"granted #1 bob", "expired #1 bob", "rejected #1 bob (highest #2)",
 		"orders-db refused orders token 1 (held by bob)")
 	b.WaitFor(ctx, "the event stream", `document.getElementById("live").textContent.startsWith("live")`)

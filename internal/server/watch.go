@@ -141,6 +141,7 @@ func watchEvent(e eventlog.Event) *fencev1.WatchEvent {
 		Time:          timestamppb.New(e.At),
 		CurrentToken:  e.Current,
 		Guard:         e.Guard,
+		ClosingToken:  e.Closing,
 	}
 	if e.TTL > 0 {
 		w.Ttl = durationpb.New(e.TTL)

@@ -1119,8 +1119,11 @@ type GetResponse struct {
 	// The current lease, without its lease_id; unset when the scope is free.
 	Lease *Lease `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
 	// Every token issued for the scope is at or below it, and its next token
-	// is above it: the highest token it was issued, or, for a scope not granted
-	// since the service last took office, the token floor then set.
+	// is above it: the highest token it was issued (from log format 8 on, a
+	// free scope's is the closing token of its last lease), or, for a scope
+	// not granted since the service last took office, the token floor then
+	// set. Advancing a guard's mark to a free scope's last_token refuses
+	// every lease it had.
 	LastToken uint64 `protobuf:"varint,3,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
 	// Acquires queued behind the current lease.
 	Waiters       uint32 `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
@@ -1457,7 +1460,15 @@ type WatchEvent struct {
 	// highest token the guard had accepted.
 	CurrentToken uint64 `protobuf:"varint,9,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
 	// For REJECTED: the guard that reported it.
-	Guard         string `protobuf:"bytes,10,opt,name=guard,proto3" json:"guard,omitempty"`
+	Guard string `protobuf:"bytes,10,opt,name=guard,proto3" json:"guard,omitempty"`
+	// For RELEASED and EXPIRED, once the cluster's log format is 8: the
+	// closing token, a token value the end of the lease consumed and granted
+	// to nobody (the lease's token + 1, or above a token floor set meanwhile).
+	// A guard whose mark is advanced to it refuses the ended lease's token,
+	// and every later grant of the scope is above it. 0 when the end closed
+	// nothing: under an older log format, or for a lease of the maximum
+	// token.
+	ClosingToken  uint64 `protobuf:"varint,11,opt,name=closing_token,json=closingToken,proto3" json:"closing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1560,6 +1571,13 @@ func (x *WatchEvent) GetGuard() string {
 		return x.Guard
 	}
 	return ""
+}
+
+func (x *WatchEvent) GetClosingToken() uint64 {
+	if x != nil {
+		return x.ClosingToken
+	}
+	return 0
 }
 
 type ReportRejectionsRequest struct {
@@ -1967,7 +1985,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rWatchResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.fence.v1.WatchEventR\x06events\x12#\n" +
 	"\rnext_position\x18\x02 \x01(\x04R\fnextPosition\x12\x1b\n" +
-	"\tmore_held\x18\x03 \x01(\bR\bmoreHeld\"\xd5\x02\n" +
+	"\tmore_held\x18\x03 \x01(\bR\bmoreHeld\"\xfa\x02\n" +
 	"\n" +
 	"WatchEvent\x12\x1a\n" +
 	"\bposition\x18\x01 \x01(\x04R\bposition\x12'\n" +
@@ -1980,7 +1998,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12#\n" +
 	"\rcurrent_token\x18\t \x01(\x04R\fcurrentToken\x12\x14\n" +
 	"\x05guard\x18\n" +
-	" \x01(\tR\x05guard\"~\n" +
+	" \x01(\tR\x05guard\x12#\n" +
+	"\rclosing_token\x18\v \x01(\x04R\fclosingToken\"~\n" +
 	"\x17ReportRejectionsRequest\x12\x14\n" +
 	"\x05guard\x18\x01 \x01(\tR\x05guard\x123\n" +
 	"\n" +
