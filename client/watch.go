@@ -97,7 +97,10 @@ func eventFrom(e *fencev1.WatchEvent) Event {
 // WatchOption configures a watch.
 type WatchOption interface{ applyWatch(*watchConfig) }
 
-type watchConfig struct{ held bool }
+type watchConfig struct {
+	held     bool
+	progress func(next uint64)
+}
 
 type watchFunc func(*watchConfig)
 
@@ -110,6 +113,18 @@ func (f watchFunc) applyWatch(c *watchConfig) { f(c) }
 // response; a connection lost before the last of them asks for them all
 // again, so some may be reported held twice.
 func WithHeld() WatchOption { return watchFunc(func(c *watchConfig) { c.held = true }) }
+
+// WithProgress calls f after each response of the stream has been yielded,
+// with the position that resumes the watch right after it: at least once
+// for every connection as soon as the service has taken its start, events
+// or none, and again every few thousand events of other scopes. A watcher
+// learns from it that it has everything up to that point, and where to
+// resume a later Watch (an event's Position+1 is the same place when the
+// event ends a response). f runs on the goroutine ranging over the
+// sequence, before the next event.
+func WithProgress(f func(next uint64)) WatchOption {
+	return watchFunc(func(c *watchConfig) { c.progress = f })
+}
 
 // Watch streams the lease events of the scopes starting with prefix (""
 // for all), in the order the service's leader recorded them: grants,
@@ -137,6 +152,9 @@ func (c *Client) Watch(ctx context.Context, prefix string, from uint64, opts ...
 				if !yield(eventFrom(e), nil) {
 					return false
 				}
+			}
+			if cfg.progress != nil {
+				cfg.progress(resp.NextPosition)
 			}
 			return true
 		})

@@ -334,3 +334,34 @@ func TestCloseEndsWatches(t *testing.T) {
 		t.Fatalf("Watch after Close: %v, want fence.ErrClosed", after)
 	}
 }
+
+// TestWatchProgress: WithProgress reports the position after each
+// response, events or none: at once when the service has taken the
+// watch's start, and after the events it yielded, so a later Watch from
+// it misses nothing and repeats nothing.
+func TestWatchProgress(t *testing.T) {
+	_, c := start(t)
+	ctx := testContext(t)
+	progress := make(chan uint64, 16)
+	seq := c.Watch(ctx, "p/", 0, client.WithProgress(func(next uint64) { progress <- next }))
+	events := make(chan client.Event, 16)
+	go func() {
+		for e, err := range seq {
+			if err != nil {
+				return
+			}
+			events <- e
+		}
+	}()
+	first := <-progress // no event yet: the start alone
+	if first == 0 {
+		t.Fatal("progress 0")
+	}
+	if _, err := c.Grant(ctx, "p/a"); err != nil {
+		t.Fatal(err)
+	}
+	e := <-events
+	if next := <-progress; e.Position != first || next != e.Position+1 {
+		t.Errorf("event at %d then progress %d, after a start at %d; want the event at the start and progress after it", e.Position, next, first)
+	}
+}

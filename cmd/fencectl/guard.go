@@ -34,11 +34,11 @@ type guardInstallJSON struct {
 func (a *app) newGuardCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "guard",
-		Short: "Install fence's guard inside PostgreSQL, MySQL, MariaDB or Redis, for writers in any language",
+		Short: "Install fence's guard inside PostgreSQL, MySQL, MariaDB or Redis, for writers in any language, and follow the service there",
 		Args:  groupArgs,
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.newGuardInstallCmd())
+	cmd.AddCommand(a.newGuardInstallCmd(), a.newGuardFollowCmd())
 	return cmd
 }
 

@@ -88,6 +88,59 @@ func needServer(t *testing.T, name, def string, ping func(string) error) string 
 	return v
 }
 
+// postgresSchema makes a schema of the test's own in the PostgreSQL of
+// `make services`, dropped at the end, and returns a connection and a URL
+// whose search_path names it first (a startup parameter: where install
+// puts the guard).
+func postgresSchema(t *testing.T, name string) (*sql.DB, *url.URL) {
+	t.Helper()
+	dsn := needServer(t, "FENCE_TEST_POSTGRES", "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable", pingSQL("pgx"))
+	admin, _ := sql.Open("pgx", dsn)
+	t.Cleanup(func() { admin.Close() })
+	if _, err := admin.Exec("CREATE SCHEMA " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("DROP SCHEMA " + name + " CASCADE") })
+	u, _ := url.Parse(dsn)
+	q := u.Query()
+	q.Set("options", "-csearch_path="+name)
+	u.RawQuery = q.Encode()
+	return admin, u
+}
+
+// mysqlDatabase makes a database of the test's own in the MySQL of `make
+// services`, dropped at the end, and returns a connection, the server's
+// DSN and a mysql:// URL of the new database.
+func mysqlDatabase(t *testing.T, name string) (*sql.DB, *mysql.Config, string) {
+	t.Helper()
+	dsn := needServer(t, "FENCE_TEST_MYSQL", "fence:fence@tcp(127.0.0.1:33069)/fence", pingSQL("mysql"))
+	admin, _ := sql.Open("mysql", dsn)
+	t.Cleanup(func() { admin.Close() })
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("DROP DATABASE " + name) })
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin, cfg, (&url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + name}).String()
+}
+
+// redisServer returns the URL of the Redis of `make services`.
+func redisServer(t *testing.T) string {
+	t.Helper()
+	return needServer(t, "FENCE_TEST_REDIS", "redis://127.0.0.1:63799/0", func(u string) error {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			return err
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		return rdb.Ping(context.Background()).Err()
+	})
+}
+
 func pingSQL(driver string) func(string) error {
 	return func(dsn string) error {
 		db, err := sql.Open(driver, dsn)
@@ -133,17 +186,8 @@ func TestGuardInstall(t *testing.T) {
 	}
 
 	t.Run("postgres", func(t *testing.T) {
-		dsn := needServer(t, "FENCE_TEST_POSTGRES", "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable", pingSQL("pgx"))
-		admin, _ := sql.Open("pgx", dsn)
-		defer admin.Close()
-		if _, err := admin.Exec("CREATE SCHEMA " + name); err != nil {
-			t.Fatal(err)
-		}
-		defer admin.Exec("DROP SCHEMA " + name + " CASCADE")
-		u, _ := url.Parse(dsn)
+		_, u := postgresSchema(t, name)
 		q := u.Query()
-		q.Set("options", "-csearch_path="+name) // a startup parameter: the schema to install into
-		u.RawQuery = q.Encode()
 		out := installTwice(t, u.String())
 		if !strings.Contains(out, "fence_advance(scope text, token bigint, seq bigint DEFAULT 0)") || strings.Contains(out, ":fence@") {
 			t.Errorf("install said %q", out)
@@ -165,18 +209,8 @@ func TestGuardInstall(t *testing.T) {
 	})
 
 	t.Run("mysql", func(t *testing.T) {
-		dsn := needServer(t, "FENCE_TEST_MYSQL", "fence:fence@tcp(127.0.0.1:33069)/fence", pingSQL("mysql"))
-		admin, _ := sql.Open("mysql", dsn)
-		defer admin.Close()
-		if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-			t.Fatal(err)
-		}
-		defer admin.Exec("DROP DATABASE " + name)
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := installTwice(t, (&url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + name}).String())
+		_, cfg, u := mysqlDatabase(t, name)
+		out := installTwice(t, u)
 		if !strings.Contains(out, "procedure fence_advance(scope, token, seq)") {
 			t.Errorf("install said %q", out)
 		}
@@ -185,15 +219,7 @@ func TestGuardInstall(t *testing.T) {
 	})
 
 	t.Run("redis", func(t *testing.T) {
-		u := needServer(t, "FENCE_TEST_REDIS", "redis://127.0.0.1:63799/0", func(u string) error {
-			opt, err := redis.ParseURL(u)
-			if err != nil {
-				return err
-			}
-			rdb := redis.NewClient(opt)
-			defer rdb.Close()
-			return rdb.Ping(context.Background()).Err()
-		})
+		u := redisServer(t)
 		out := installTwice(t, u)
 		if !strings.Contains(out, "function library "+redisguard.LibraryName) {
 			t.Errorf("install said %q", out)

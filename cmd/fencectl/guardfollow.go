@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/follow"
+	"github.com/fence-dev/fence/guard/redisguard"
+	"github.com/fence-dev/fence/guard/sqlguard"
+)
+
+// guardFollowJSON is a line of guard follow's -o json output: one when it
+// starts, one per --report interval, and one when it stops.
+type guardFollowJSON struct {
+	URL      string  `json:"url"` // without its password
+	Prefix   string  `json:"prefix"`
+	Advanced uint64  `json:"advanced"`
+	Resyncs  uint64  `json:"resyncs"`
+	LagMs    float64 `json:"lag_ms"`
+	Stopped  bool    `json:"stopped,omitempty"`
+}
+
+func (a *app) newGuardFollowCmd() *cobra.Command {
+	var (
+		prefix string
+		report time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "follow URL",
+		Short: "Advance the in-database guard's marks at each grant and each end of a lease, live",
+		Long: `Follow watches the service for the scopes starting with --prefix and moves
+the marks of the guard installed at URL (fencectl guard install) at each
+grant, and at each release or expiry to the lease's closing token, the
+token value the service consumed and granted to nobody when the lease
+ended (log format 8). The ended lease's late writes are then refused at
+the database before anyone else writes there, instead of at the next
+holder's first write; writers need no change, in any language.
+
+It uses the guard's own monotonic advance (the mark only moves up), so it
+never moves a mark back and never races a writer. Cut off from the
+service, it resumes where it was; when the service no longer holds those
+events (a new leader), it reads the state of the scopes it has seen. A
+follower that is behind or stopped costs only that window, never safety.
+
+URL is as for install (postgres://, mysql://, redis://; the table
+fence_tokens or the keys fence:{SCOPE}). It runs until interrupted, and
+prints how many marks it advanced and how far behind it is (lag: the age
+of the oldest grant or closing received and not yet recorded) every
+--report, and when it stops.`,
+		Example: `  fencectl guard follow 'postgres://app:secret@db.internal:5432/shop' --prefix orders/
+  fencectl guard follow redis://127.0.0.1:6379 --prefix jobs/ --report 10s -o json`,
+		Args: exactArgs("URL"),
+		RunE: a.run(func(cmd *cobra.Command, args []string) error {
+			if err := fence.ValidatePrefix(prefix); err != nil {
+				return usage(err)
+			}
+			if report <= 0 {
+				return usageErrorf("--report %v: want a positive duration", report)
+			}
+			t, err := parseGuardTarget(args[0])
+			if err != nil {
+				return usage(err)
+			}
+			ctx := cmd.Context()
+			store, closeStore, err := openGuardStore(ctx, t, args[0])
+			if err != nil {
+				return redactedError{fmt.Errorf("open the guard in %s: %w", redactURL(t.url), err), secrets(t.url)}
+			}
+			defer closeStore()
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			log := slog.New(slog.NewTextHandler(redactingWriter{a.stderr, secrets(t.url)}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			f := follow.New(c, store, prefix, follow.WithLogger(log))
+			line := func(stopped bool) error {
+				out := guardFollowJSON{URL: redactURL(t.url), Prefix: prefix, Advanced: f.Advanced(), Resyncs: f.Resyncs(),
+					LagMs: float64(f.Lag().Microseconds()) / 1000, Stopped: stopped}
+				return a.emit(out, func(w io.Writer) {
+					verb := "following"
+					if stopped {
+						verb = "stopped following"
+					}
+					fmt.Fprintf(w, "%s %q into %s: %d marks advanced, %d resyncs, lag %s\n", verb, prefix, out.URL, out.Advanced, out.Resyncs, f.Lag().Round(time.Microsecond))
+				})
+			}
+			if err := line(false); err != nil {
+				return err
+			}
+			done := make(chan error, 1)
+			go func() { done <- f.Run(ctx) }()
+			tick := time.NewTicker(report)
+			defer tick.Stop()
+			for {
+				select {
+				case err := <-done:
+					if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+						return line(true) // interrupted: the normal way to stop
+					}
+					return err
+				case <-tick.C:
+					if err := line(false); err != nil {
+						return err
+					}
+				}
+			}
+		}),
+	}
+	cmd.Flags().StringVar(&prefix, "prefix", "", "follow the scopes starting with this prefix (all without it)")
+	cmd.Flags().DurationVar(&report, "report", time.Minute, "print the marks advanced and the lag this often")
+	return cmd
+}
+
+// openGuardStore opens the guard.Store over the marks guard install's
+// functions keep at t, and checks that it answers.
+func openGuardStore(ctx context.Context, t *guardTarget, raw string) (guard.Store, func(), error) {
+	pctx, cancel := context.WithTimeout(ctx, installTimeout)
+	defer cancel()
+	switch t.kind {
+	case "redis":
+		redis.SetLogger(quietRedis{})
+		opt, err := redis.ParseURL(raw)
+		if err != nil {
+			return nil, nil, err
+		}
+		rdb := redis.NewClient(opt)
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			rdb.Close()
+			return nil, nil, fmt.Errorf("cannot reach the server: %w", err)
+		}
+		return redisguard.NewStore(rdb), func() { rdb.Close() }, nil
+	default:
+		driver, dsn, d := "pgx", raw, sqlguard.Postgres
+		if t.kind == "mysql" {
+			var err error
+			if dsn, err = mysqlDSN(t.url); err != nil {
+				return nil, nil, usage(err)
+			}
+			driver, d = "mysql", sqlguard.MySQL
+		}
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := db.PingContext(pctx); err != nil {
+			db.Close()
+			return nil, nil, fmt.Errorf("cannot reach the server: %w", err)
+		}
+		s, err := sqlguard.New(db, d)
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return s, func() { db.Close() }, nil
+	}
+}
+
+// redactingWriter replaces secrets in what it writes: a driver's error,
+// logged by the follower, may quote the connection string.
+type redactingWriter struct {
+	w       io.Writer
+	secrets []string
+}
+
+func (r redactingWriter) Write(p []byte) (int, error) {
+	s := redactedError{errors.New(string(p)), r.secrets}.Error()
+	if _, err := io.WriteString(r.w, s); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

@@ -1,0 +1,43 @@
+// Package follow keeps a guard's marks in step with the lease service: a
+// Follower watches the service for the scopes under a prefix and advances
+// a guard.Store's mark at each grant and at each closing, the token value
+// the service consumes when a lease is released or expires (log format 8,
+// docs/design.md, "Eager fencing"). A lease that ended is then refused at
+// the resource before anyone else writes there, instead of when the next
+// holder first writes.
+//
+// # Usage
+//
+//	f := follow.New(c, store, "orders/")
+//	go f.Run(ctx) // until ctx ends
+//	...
+//	lag := f.Lag() // how far behind the service it is
+//
+// The store is the one the writers' guard uses (guard.MemoryStore,
+// boltguard, sqlguard, pgxguard's or redisguard's): the follower moves its
+// marks with the store's own Fence and an apply that does nothing, the
+// monotonic advance every writer uses, so it never moves a mark backwards
+// and never races a writer.
+//
+// # Caveats
+//
+// A follower shortens the window in which an ended lease's late write is
+// accepted; it is not what makes fencing safe. A follower that is stopped,
+// slow or cut off costs the window, never safety: the next holder's first
+// write still refuses the old token, as without a follower. The window is
+// the time from the end of a lease to the mark's advance: the service's
+// commit, the watch's delivery and one Fence of the store (Lag reports it).
+//
+// After a disconnection the follower resumes the watch where it was. When
+// the service no longer holds the events to resume from (a change of
+// leader, or a follower that fell ten thousand events behind), it reads
+// the current state instead: the held leases under the prefix, and each
+// scope it has seen by Get, whose last token, for a free scope, is its
+// closing. A scope it never saw whose lease was granted and ended inside
+// such a gap is not advanced until its next event. The scopes it has seen
+// are kept in memory.
+//
+// The service's tokens are signed; closing tokens are not, being granted
+// to nobody. The follower writes to the store directly, so a Guard's
+// Verifier does not see them.
+package follow

@@ -1,0 +1,348 @@
+package follow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/guard"
+)
+
+// Follower advances a store's marks from the lease service's watch stream.
+// Its methods are safe for concurrent use; Run runs once.
+type Follower struct {
+	c      *client.Client
+	store  guard.Store
+	prefix string
+	log    *slog.Logger
+	par    int
+
+	mu      sync.Mutex
+	pending map[string]mark // scope → the highest mark to advance to, not yet applied
+	wake    chan struct{}   // signalled when pending gains an entry
+	seen    map[string]bool // every scope an event named, for a resync
+	// behind is, while the watch is broken or the state is being read
+	// again, since when (0 otherwise).
+	behind time.Time
+	// inflight are the marks being applied, by scope.
+	inflight map[string]mark
+
+	advanced atomic.Uint64
+	resyncs  atomic.Uint64
+}
+
+// mark is a token to advance a scope to, and when the service recorded
+// the event that named it.
+type mark struct {
+	token uint64
+	at    time.Time
+}
+
+// Option configures a Follower.
+type Option interface{ apply(*Follower) }
+
+type optionFunc func(*Follower)
+
+func (f optionFunc) apply(fl *Follower) { f(fl) }
+
+// WithLogger logs the follower's disconnections, resyncs and store errors
+// to l (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(f *Follower) { f.log = l }) }
+
+// WithConcurrency sets how many scopes' marks are advanced at once
+// (default 8): a store over the network then keeps up with a busy service.
+// One scope's advances never overlap.
+func WithConcurrency(n int) Option {
+	return optionFunc(func(f *Follower) { f.par = max(n, 1) })
+}
+
+// New returns a Follower that advances store's marks for the scopes
+// starting with prefix ("" for all), watching through c. Call Run.
+func New(c *client.Client, store guard.Store, prefix string, opts ...Option) *Follower {
+	f := &Follower{c: c, store: store, prefix: prefix, log: slog.Default(), par: 8,
+		pending: map[string]mark{}, wake: make(chan struct{}, 1), seen: map[string]bool{}, inflight: map[string]mark{}}
+	for _, o := range opts {
+		o.apply(f)
+	}
+	return f
+}
+
+// Run follows the service until ctx ends, then returns ctx's error. It
+// returns earlier only for a failure that retrying cannot mend: the prefix
+// is invalid, or the caller may not watch it.
+func (f *Follower) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f.apply(ctx)
+	}()
+	err := f.watch(ctx)
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// Lag reports how far behind the service the follower is: the age of the
+// oldest grant or closing it received but has not yet recorded in the
+// store, by the time the service recorded it (so it includes the watch's
+// delivery, and the clocks' difference between the two machines), or,
+// while its watch is broken or it reads the state again, the time since
+// it lost the stream. 0 when it has recorded everything it received.
+func (f *Follower) Lag() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	var lag time.Duration
+	if !f.behind.IsZero() {
+		lag = now.Sub(f.behind)
+	}
+	for _, set := range []map[string]mark{f.pending, f.inflight} {
+		for _, m := range set {
+			lag = max(lag, now.Sub(m.at))
+		}
+	}
+	return max(lag, 0)
+}
+
+// Advanced reports how many marks the follower has advanced in the store
+// (including advances the store found already done).
+func (f *Follower) Advanced() uint64 { return f.advanced.Load() }
+
+// Resyncs reports how many times the follower read the state again
+// because the service no longer held the events to resume from.
+func (f *Follower) Resyncs() uint64 { return f.resyncs.Load() }
+
+// watch consumes the watch stream into pending, resuming after
+// disconnections and reading the state again when it cannot resume.
+func (f *Follower) watch(ctx context.Context) error {
+	var pos uint64 // the position to resume from; 0: start afresh
+	resync := false
+	backoff := 50 * time.Millisecond
+	for {
+		if resync {
+			pos = 0
+		}
+		opts := []client.WatchOption{client.WithProgress(func(next uint64) {
+			// The service has taken the watch's start: whatever happens
+			// from here on is in the stream, so the state read now
+			// misses nothing.
+			backoff = 50 * time.Millisecond
+			if resync {
+				if err := f.resync(ctx); err != nil {
+					if ctx.Err() == nil {
+						f.log.Warn("follow: could not read the state again; retrying", "prefix", f.prefix, "err", err)
+					}
+					return // at the next response
+				}
+				resync = false
+			}
+			pos = next
+			f.caughtUp()
+		})}
+		if pos == 0 {
+			opts = append(opts, client.WithHeld())
+		}
+		var err error
+		for e, werr := range f.c.Watch(ctx, f.prefix, pos, opts...) {
+			if werr != nil {
+				err = werr
+				break
+			}
+			if e.Position != 0 && !resync {
+				pos = e.Position + 1
+			}
+			f.event(e)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f.lost()
+		switch {
+		case errors.Is(err, fence.ErrMissedEvents):
+			f.log.Warn("follow: the service no longer holds the events to resume from; reading the state again", "prefix", f.prefix, "err", err)
+			resync = true
+		case errors.Is(err, fence.ErrInvalid), errors.Is(err, fence.ErrPermissionDenied), errors.Is(err, fence.ErrUnauthenticated):
+			return fmt.Errorf("follow %q: %w", f.prefix, err)
+		default:
+			f.log.Warn("follow: the watch broke; resuming", "prefix", f.prefix, "position", pos, "err", err)
+			if pos == 0 {
+				// It never started: what ended meanwhile is known only
+				// from the state.
+				resync = true
+			}
+		}
+		sleep := rand.N(backoff) + time.Millisecond
+		backoff = min(2*backoff, 2*time.Second)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(sleep):
+		}
+	}
+}
+
+// lost records that the stream broke.
+func (f *Follower) lost() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.behind.IsZero() {
+		f.behind = time.Now()
+	}
+}
+
+// caughtUp records that the stream is back and the state was read.
+func (f *Follower) caughtUp() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.behind = time.Time{}
+}
+
+// resync reads the current state of the scopes seen so far: a held scope
+// advances to its lease's token, a free one to its last token (its
+// closing, from log format 8 on; a token floor set since is above every
+// token it had). A held scope's last token may be above its lease's (a
+// token floor), so it is not used.
+func (f *Follower) resync(ctx context.Context) error {
+	f.resyncs.Add(1)
+	f.mu.Lock()
+	scopes := make([]string, 0, len(f.seen))
+	for s := range f.seen {
+		scopes = append(scopes, s)
+	}
+	f.mu.Unlock()
+	now := time.Now()
+	for _, s := range scopes {
+		st, err := f.c.Get(ctx, s)
+		if err != nil {
+			return err
+		}
+		t := st.LastToken
+		if st.Lease != nil {
+			t = st.Lease.Token
+		}
+		f.want(s, t, now)
+	}
+	return nil
+}
+
+// event takes in one event of the stream.
+func (f *Follower) event(e client.Event) {
+	switch e.Kind {
+	case client.EventGranted, client.EventHeld:
+		f.want(e.Scope, e.Token, e.Time)
+	case client.EventReleased, client.EventExpired:
+		// Under a log format before 8 nothing is closed: the token
+		// itself still refuses every older one.
+		f.want(e.Scope, max(e.Token, e.Closing), e.Time)
+	case client.EventLost:
+		if e.Current != 0 {
+			f.want(e.Scope, e.Current, e.Time)
+		}
+	}
+}
+
+// want records that scope's mark should be at least token.
+func (f *Follower) want(scope string, token uint64, at time.Time) {
+	if token == 0 || token > fence.MaxToken {
+		return
+	}
+	if at.IsZero() || at.After(time.Now()) {
+		at = time.Now()
+	}
+	f.mu.Lock()
+	f.seen[scope] = true
+	m, ok := f.pending[scope]
+	if !ok || token > m.token {
+		if ok {
+			at = m.at // the oldest wait counts
+		}
+		f.pending[scope] = mark{token, at}
+	}
+	f.mu.Unlock()
+	f.signal()
+}
+
+// apply records the pending marks in the store until ctx ends, up to
+// f.par scopes at once, one advance per scope at a time; a failed advance
+// is retried, never dropped.
+func (f *Follower) apply(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		f.mu.Lock()
+		for s, m := range f.pending {
+			if len(f.inflight) >= f.par {
+				break
+			}
+			if _, busy := f.inflight[s]; busy {
+				continue
+			}
+			f.inflight[s] = m
+			delete(f.pending, s)
+			wg.Go(func() { f.advanceOne(ctx, s, m) })
+		}
+		f.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.wake:
+		}
+	}
+}
+
+// advanceOne records m in the store, then lets the next mark of the scope
+// go; a mark that failed goes back in line, after a pause.
+func (f *Follower) advanceOne(ctx context.Context, scope string, m mark) {
+	err := f.advance(ctx, scope, m.token)
+	if err != nil && ctx.Err() == nil {
+		f.log.Warn("follow: could not advance the mark; retrying", "scope", scope, "token", m.token, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100*time.Millisecond + rand.N(100*time.Millisecond)):
+		}
+	}
+	f.mu.Lock()
+	delete(f.inflight, scope)
+	if err != nil {
+		// Back in line, merged with what came meanwhile; the oldest
+		// wait counts.
+		if p, ok := f.pending[scope]; !ok || p.token < m.token {
+			f.pending[scope] = m
+		} else {
+			p.at = m.at
+			f.pending[scope] = p
+		}
+	}
+	f.mu.Unlock()
+	f.signal()
+}
+
+func (f *Follower) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// advance moves scope's mark to token, unless it is past it already, with
+// the store's own check and an apply that does nothing.
+func (f *Follower) advance(ctx context.Context, scope string, token uint64) error {
+	err := f.store.Fence(ctx, guard.Write{Token: fence.Token{Scope: scope, Value: token}}, false, func(context.Context) error { return nil })
+	if _, ok := errors.AsType[*guard.StaleError](err); ok {
+		err = nil // the mark is past it already
+	}
+	if err == nil {
+		f.advanced.Add(1)
+	}
+	return err
+}

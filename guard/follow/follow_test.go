@@ -1,0 +1,375 @@
+package follow_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/fencetest"
+	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/follow"
+	"github.com/fence-dev/fence/internal/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// run runs f until the test ends.
+func run(t *testing.T, f *follow.Follower) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run = %v, want context.Canceled", err)
+		}
+	})
+}
+
+// waitFor polls cond until it holds, or fails the test after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20s", what)
+		}
+	}
+}
+
+// write fences a write of token v to scope in s.
+func write(s guard.Store, scope string, v uint64) error {
+	return s.Fence(context.Background(), guard.Write{Token: fence.Token{Scope: scope, Value: v}}, false, func(context.Context) error { return nil })
+}
+
+// TestFollowRefusesEndedLease (invariant 9 at the resource): a lease is
+// released, or expires; its holder's late write, before anyone else
+// wrote, is refused by the store a follower keeps, and accepted by the
+// same store without one: the window a follower closes.
+func TestFollowRefusesEndedLease(t *testing.T) {
+	ctx := testContext(t)
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	followed, plain := guard.NewMemoryStore(), guard.NewMemoryStore()
+	f := follow.New(c, followed, "orders/", follow.WithLogger(quiet))
+	run(t, f)
+
+	for _, end := range []string{"released", "expired"} {
+		t.Run(end, func(t *testing.T) {
+			scope := "orders/" + end
+			ttl := time.Minute
+			if end == "expired" {
+				ttl = 100 * time.Millisecond // granted, never renewed
+			}
+			l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []guard.Store{followed, plain} {
+				if err := write(s, scope, l.Token); err != nil {
+					t.Fatalf("the holder's write: %v", err)
+				}
+			}
+			if end == "released" {
+				if _, err := c.Release(ctx, scope, l.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, "the lease's end", func() bool {
+				st, err := c.Get(ctx, scope)
+				return err == nil && st.Lease == nil
+			})
+			waitFor(t, "the follower to advance the mark to the closing", func() bool {
+				return followed.Highest(scope).Token == l.Token+1
+			})
+
+			// The old holder's delayed write arrives; nobody else wrote.
+			err = write(followed, scope, l.Token)
+			var stale *guard.StaleError
+			if !errors.As(err, &stale) || stale.Presented != l.Token || stale.Highest != l.Token+1 {
+				t.Errorf("late write with a follower = %v, want refused as stale (highest %d)", err, l.Token+1)
+			}
+			if err := write(plain, scope, l.Token); err != nil {
+				t.Errorf("late write without a follower = %v; want accepted, the window a follower closes", err)
+			}
+			// The next holder is above the closing.
+			next, err := c.Grant(ctx, scope)
+			if err != nil || next.Token != l.Token+2 {
+				t.Fatalf("next grant: %+v, %v; want token %d", next, err, l.Token+2)
+			}
+			if err := write(followed, scope, next.Token); err != nil {
+				t.Errorf("the next holder's write: %v", err)
+			}
+		})
+	}
+	if f.Lag() != 0 {
+		// Everything received is applied: the marks above are.
+		t.Errorf("Lag() = %v once caught up, want 0", f.Lag())
+	}
+}
+
+// TestFollowNeverGoesBack: a mark above the service's tokens (another
+// writer's) stays where it is; the follower uses the store's monotonic
+// advance.
+func TestFollowNeverGoesBack(t *testing.T) {
+	ctx := testContext(t)
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	store := guard.NewMemoryStore()
+	if err := write(store, "a/high", 1000); err != nil {
+		t.Fatal(err)
+	}
+	f := follow.New(c, store, "a/", follow.WithLogger(quiet))
+	run(t, f)
+	l, err := c.Grant(ctx, "a/high")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Release(ctx, "a/high", l.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A scope after it, so that once its mark moves, a/high's did.
+	m, err := c.Grant(ctx, "a/later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a/later's mark", func() bool { return store.Highest("a/later").Token == m.Token })
+	if got := store.Highest("a/high").Token; got != 1000 {
+		t.Errorf("a/high's mark = %d, want 1000 kept", got)
+	}
+	if _, err := c.Grant(ctx, "b/other"); err != nil {
+		t.Fatal(err)
+	}
+	if store.Highest("b/other").Token != 0 {
+		t.Error("a scope outside the prefix was advanced")
+	}
+}
+
+// flaky is a store that fails while down is set.
+type flaky struct {
+	guard.Store
+	down atomic.Bool
+}
+
+func (s *flaky) Fence(ctx context.Context, w guard.Write, strict bool, apply func(context.Context) error) error {
+	if s.down.Load() {
+		return errors.New("the store is down")
+	}
+	return s.Store.Fence(ctx, w, strict, apply)
+}
+
+// TestFollowRetriesTheStore: an advance the store fails is retried, not
+// dropped, and Lag says how long it waits.
+func TestFollowRetriesTheStore(t *testing.T) {
+	ctx := testContext(t)
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	mem := guard.NewMemoryStore()
+	store := &flaky{Store: mem}
+	store.down.Store(true)
+	f := follow.New(c, store, "", follow.WithLogger(quiet))
+	run(t, f)
+	l, err := c.Grant(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Release(ctx, "s", l.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a lag while the store is down", func() bool { return f.Lag() > 50*time.Millisecond })
+	store.down.Store(false)
+	waitFor(t, "the closing recorded once the store is back", func() bool { return mem.Highest("s").Token == l.Token+1 })
+	waitFor(t, "no lag", func() bool { return f.Lag() == 0 })
+}
+
+// proxy forwards TCP connections to a backend it can be cut from.
+type proxy struct {
+	ln      net.Listener
+	mu      sync.Mutex
+	backend string
+	cut     bool
+	conns   []net.Conn
+	wg      sync.WaitGroup
+}
+
+func newProxy(t *testing.T, backend string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, backend: backend}
+	p.wg.Go(p.serve)
+	t.Cleanup(func() {
+		ln.Close()
+		p.setCut(true)
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) serve() {
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		backend, cut := p.backend, p.cut
+		p.mu.Unlock()
+		if cut {
+			in.Close()
+			continue
+		}
+		out, err := net.Dial("tcp", backend)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, in, out)
+		p.mu.Unlock()
+		p.wg.Go(func() { io.Copy(out, in); out.Close() })
+		p.wg.Go(func() { io.Copy(in, out); in.Close() })
+	}
+}
+
+// setCut cuts every connection and refuses new ones, or lets them through
+// again.
+func (p *proxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+func (p *proxy) setBackend(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.backend = addr
+}
+
+// startServer starts a fenced in dir, as fencetest does, keeping its data
+// for a restart.
+func startServer(t *testing.T, dir string) *server.Server {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.Logger, cfg.SignTokens, cfg.NoClockFloor = dir, "127.0.0.1:0", quiet, false, true
+	srv, err := server.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the server to lead", srv.Ready)
+	return srv
+}
+
+// TestFollowResumes: cut off from the service, the follower resumes
+// where it was, and gets the closing it missed from the stream; cut off
+// across a restart of the service (a new term, whose leader no longer
+// holds the events to resume from), it reads the state of the scopes it
+// has seen instead. Neither moves a mark back.
+func TestFollowResumes(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	srv := startServer(t, dir)
+	defer func() { srv.Close(context.Background()) }()
+	p := newProxy(t, srv.Addr())
+	fc, err := client.New(p.ln.Addr().String(), client.WithRetryTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fc.Close()
+	store := guard.NewMemoryStore()
+	f := follow.New(fc, store, "", follow.WithLogger(quiet))
+	run(t, f)
+	grant := func(c *client.Client, scope string) fence.Lease {
+		t.Helper()
+		l, err := c.Grant(ctx, scope, client.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the follower to see "+scope+"'s grant", func() bool { return store.Highest(scope).Token == l.Token })
+		return l
+	}
+	c, err := client.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := grant(c, "a")
+	b := grant(c, "b")
+
+	// Cut off, the same term: the release is in the leader's ring.
+	p.setCut(true)
+	if _, err := c.Release(ctx, "a", a.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the follower notices the cut
+	p.setCut(false)
+	waitFor(t, "a's closing after the follower resumed", func() bool { return store.Highest("a").Token == a.Token+1 })
+	if f.Resyncs() != 0 {
+		t.Errorf("%d resyncs for a cut within a term; want the watch resumed", f.Resyncs())
+	}
+
+	// Cut off across a restart: the new term's leader has no events of
+	// the old one. b is released before the follower is back.
+	p.setCut(true)
+	c.Close()
+	srv.Close(context.Background())
+	srv = startServer(t, dir)
+	p.setBackend(srv.Addr())
+	c, err = client.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Release(ctx, "b", b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(store, "a", 50); err != nil { // another writer, far ahead
+		t.Fatal(err)
+	}
+	p.setCut(false)
+	waitFor(t, "b's closing, read from the state", func() bool { return store.Highest("b").Token == b.Token+1 })
+	if f.Resyncs() == 0 {
+		t.Error("no resync after a restart of the service")
+	}
+	if got := store.Highest("a").Token; got != 50 {
+		t.Errorf("a's mark after the resync = %d, want 50 kept", got)
+	}
+	// And it follows the new term's stream.
+	grant(c, "c")
+}
+
+func init() {
+	// The servers' goroutines log nothing the tests read.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+}
