@@ -1,6 +1,7 @@
 package version
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -85,6 +86,13 @@ func TestBuiltFromCheckout(t *testing.T) {
 	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
 	if err != nil {
 		t.Skipf("not a git checkout, or no git: %v", err)
+	}
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("git rev-parse --show-toplevel: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(strings.TrimSpace(string(top)), ".git")); err != nil || !fi.IsDir() {
+		t.Skip("the go command stamps a build with its commit only where .git is a directory, not in a git worktree")
 	}
 	bin := filepath.Join(t.TempDir(), "printversion")
 	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./testdata/printversion")
