@@ -9,10 +9,10 @@ import (
 // signature; past it a grant is not signed ahead, and nothing waits.
 const maxQueuedPresigns = 1024
 
-// presigner makes, ahead of time, the signature of the next token of a
-// scope (the token after the next from log format 8 on, whose releases and
-// expiries take one value each) that was just granted, when that scope is one this node granted
-// before: a lock taken again and again, or a contended scope whose line
+// presigner makes, ahead of time, the signature of the next grant's token
+// of a scope that was just granted (two values on from log format 8,
+// where the end of each lease takes one), when that scope is one this node
+// granted before: a lock taken again and again, or a contended scope whose line
 // takes its turns. The grant that follows then finds its signature in the
 // signer's cache instead of making it while its caller waits; a token's
 // signature covers only its scope and value, and Ed25519 signatures are
@@ -43,9 +43,6 @@ func (p *presigner) granted(t fence.Token) {
 func (p *presigner) run() {
 	defer close(p.done)
 	for t := range p.ch {
-		if t.Value == 0 || t.Value >= fence.MaxToken {
-			continue
-		}
 		// From fsm.CloseFormat on, the end of each lease takes a token
 		// value of its own: the scope's grants go 2 apart.
 		step := uint64(1)
