@@ -12,9 +12,20 @@
 //  3. the guarded register is linearizable;
 //  4. no acknowledged write was lost.
 //
+// It also measures the window that eager fencing closes (docs/design.md):
+// from the end of each lease, as the service recorded it on its watch
+// stream, to the first entry of the resource's log above the lease's
+// token, after which the resource refuses it; and the writes the resource
+// accepted after their lease had ended. Every other scope (STORE/f1,
+// STORE/f3, ...) is followed: a follower (guard/follow) in the resource's
+// process advances its marks at each grant and each end of a lease, and the
+// report gives the window's distribution with and without one, side by
+// side. With --late-bound D, check 5 fails the run when a followed scope
+// accepted a write more than D after its lease ended.
+//
 // Usage:
 //
-//	fencecheck run [--time 20s] [--seed N] [--workers 4] [--nodes 1|3] [--no-fence] ...
+//	fencecheck run [--time 20s] [--seed N] [--workers 4] [--nodes 1|3] [--no-fence] [--late-bound D] ...
 //	fencecheck check HISTORY.jsonl
 //
 // run prints a summary with "anomalies: N" and exits 1 when N > 0. Its

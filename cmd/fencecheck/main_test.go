@@ -185,8 +185,32 @@ func anomalies(t *testing.T, out string) int {
 }
 
 // shortRun is the short form that `make test` runs: 20 seconds, one
-// fenced, every fault, four workers contending for one scope per store.
-var shortRun = []string{"--time", "20s", "--seed", "20261203", "--workers", "4", "--scopes", "1", "--faults", "all"}
+// fenced, every fault, four workers contending for two scopes per store,
+// one of them followed.
+var shortRun = []string{"--time", "20s", "--seed", "20261203", "--workers", "4", "--scopes", "2", "--faults", "all"}
+
+var eagerLine = regexp.MustCompile(`(?m)^  (without|with) a follower +\(([^)]*)\): (\d+) leases ended, (\d+) marks advanced by a follower`)
+
+// eagerGroups checks the run's measure of the window: the scopes with a
+// follower and those without each saw leases end, and only the followed
+// ones' marks were advanced by the follower.
+func eagerGroups(t *testing.T, out string) {
+	t.Helper()
+	ms := eagerLine.FindAllStringSubmatch(out, -1)
+	if len(ms) != 2 {
+		t.Fatalf("want the eager fencing lines of the scopes with and without a follower, got %q", ms)
+	}
+	for _, m := range ms {
+		ends, _ := strconv.Atoi(m[3])
+		marks, _ := strconv.Atoi(m[4])
+		if ends == 0 {
+			t.Errorf("%s a follower (%s): no lease end recorded", m[1], m[2])
+		}
+		if followed := m[1] == "with"; followed != (marks > 0) {
+			t.Errorf("%s a follower (%s): %d marks advanced by a follower", m[1], m[2], marks)
+		}
+	}
+}
 
 // TestFencedRunPasses: with the guard on, the faults find nothing.
 func TestFencedRunPasses(t *testing.T) {
@@ -198,6 +222,7 @@ func TestFencedRunPasses(t *testing.T) {
 		t.Errorf("exit status %d with %d anomalies, want 0 and 0", code, n)
 	}
 	faultsAddUp(t, out)
+	eagerGroups(t, out)
 	runDir(t, out, tmp, true)
 }
 

@@ -23,8 +23,10 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/fence-dev/fence"
+	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/follow"
 	"github.com/fence-dev/fence/guard/httpguard"
 	"github.com/fence-dev/fence/guard/sqlguard"
 	"github.com/fence-dev/fence/internal/history"
@@ -83,6 +85,7 @@ func resourceCmd(args []string) error {
 	dsn := fs.String("postgres", "", "PostgreSQL DSN for the pg/ scopes (none: no pg/ scopes)")
 	prefix := fs.String("pg-prefix", "fencecheck", "prefix of the PostgreSQL tables")
 	noFence := fs.Bool("no-fence", false, "apply every request without checking its token")
+	followAddrs := fs.String("follow", "", "fenced address(es), comma-separated: advance the marks of the scopes STORE/f... from its watch stream (guard/follow)")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -132,6 +135,17 @@ func resourceCmd(args []string) error {
 			}
 			io.WriteString(w, v)
 		})
+	}
+	if *followAddrs != "" {
+		c, err := client.New(*followAddrs, client.WithRetryTimeout(2*time.Second))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for name, b := range backends {
+			f := follow.New(c, markingStore{b}, name+"/f", follow.WithLogger(log))
+			go f.Run(ctx)
+		}
 	}
 	mux.HandleFunc("GET /log", func(w http.ResponseWriter, r *http.Request) {
 		enc := json.NewEncoder(w)
@@ -192,6 +206,22 @@ func opHandler(b backend, fenced bool) http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(resp)
+	})
+}
+
+// markingStore is a backend's guard store whose every advance logs a mark
+// in the resource's log, in the advance's transaction: a follower's marks
+// then take their place in the scope's order, where check 1 sees a write
+// below one, and the windows are measured to them.
+type markingStore struct{ b backend }
+
+func (m markingStore) Fence(ctx context.Context, w guard.Write, strict bool, apply func(context.Context) error) error {
+	return m.b.fences().Fence(ctx, w, strict, func(ctx context.Context) error {
+		if err := apply(ctx); err != nil {
+			return err
+		}
+		_, err := m.b.apply(ctx, application{scope: w.Token.Scope, kind: history.Mark, ref: "follower", token: w.Token.Value})
+		return err
 	})
 }
 

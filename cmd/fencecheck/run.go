@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/internal/history"
 )
@@ -40,6 +41,8 @@ type config struct {
 	fencedBin string
 	keep      bool
 	timeout   time.Duration // linearizability search
+	follow    bool          // a follower advances the odd scopes' marks
+	lateBound time.Duration // check 5's bound; 0: the windows are measured only
 }
 
 func runCmd(args []string) (int, error) {
@@ -58,6 +61,8 @@ func runCmd(args []string) (int, error) {
 	fs.StringVar(&cfg.fencedBin, "fenced", "", "the fenced binary (default: fenced beside this binary, else built with go build)")
 	fs.BoolVar(&cfg.keep, "keep-tables", false, "keep the run's PostgreSQL tables")
 	fs.DurationVar(&cfg.timeout, "check-timeout", 2*time.Minute, "bound on the linearizability search of each scope")
+	fs.BoolVar(&cfg.follow, "follow", true, "a follower in the resource advances the marks of every other scope (STORE/f1, STORE/f3, ...) at each grant and end of a lease; the run measures the window with and without it")
+	fs.DurationVar(&cfg.lateBound, "late-bound", 0, "fail the run if a followed scope accepts a write longer than this after the service ended its lease (0: measure only)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: fencecheck run [flags]\n\nFlags:")
 		fs.PrintDefaults()
@@ -82,6 +87,8 @@ func runCmd(args []string) (int, error) {
 		return 0, usageError{fmt.Errorf("--nodes %d: want 1, 3 or 5", cfg.nodes)}
 	case cfg.ttl < 200*time.Millisecond || cfg.ttl > time.Minute:
 		return 0, usageError{fmt.Errorf("--ttl %v: want 200ms to 1m", cfg.ttl)}
+	case cfg.lateBound < 0 || cfg.lateBound > 0 && !cfg.follow:
+		return 0, usageError{fmt.Errorf("--late-bound %v: want a positive duration, with --follow", cfg.lateBound)}
 	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano()%1_000_000) + 1
@@ -119,6 +126,7 @@ func (r *runner) cleanUp(passed bool) {
 func checkCmd(args []string) (int, error) {
 	fs := flag.NewFlagSet("fencecheck check", flag.ContinueOnError)
 	timeout := fs.Duration("check-timeout", 2*time.Minute, "bound on the linearizability search of each scope")
+	lateBound := fs.Duration("late-bound", 0, "fail if a followed scope accepted a write longer than this after the service ended its lease (0: measure only)")
 	if err := fs.Parse(args); err != nil {
 		return 0, usageError{err}
 	}
@@ -129,7 +137,7 @@ func checkCmd(args []string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	rep := history.Check(evs, history.Options{LinearizabilityTimeout: *timeout, VisualizeDir: filepath.Dir(fs.Arg(0))})
+	rep := history.Check(evs, history.Options{LinearizabilityTimeout: *timeout, VisualizeDir: filepath.Dir(fs.Arg(0)), LateBound: *lateBound})
 	rep.Write(os.Stdout)
 	if rep.Count() > 0 {
 		return exitAnomalies, nil
@@ -152,8 +160,9 @@ type runner struct {
 	resAddr   string
 	workers   []*workerProc
 	nemesis   *history.Writer
-	wg        sync.WaitGroup // injections in progress
-	ended     chan struct{}  // closed when the run's time is up
+	service   *history.Writer // the ends of leases, as the service records them
+	wg        sync.WaitGroup  // injections in progress
+	ended     chan struct{}   // closed when the run's time is up
 
 	mu       sync.Mutex
 	missed   map[string]map[string]int // planned faults not injected: kind → why → count
@@ -169,15 +178,32 @@ type workerProc struct {
 	rate   float64
 }
 
-// scopes returns the scopes of the run.
+// scopes returns the scopes of the run. With --follow the odd ones are
+// named STORE/fN, the prefix the resource's follower advances.
 func (r *runner) scopes() []string {
-	var s []string
-	for i := range r.cfg.scopes {
-		s = append(s, fmt.Sprintf("bolt/%d", i))
-	}
+	stores := []string{"bolt"}
 	if r.cfg.postgres != "" {
+		stores = append(stores, "pg")
+	}
+	var s []string
+	for _, store := range stores {
 		for i := range r.cfg.scopes {
-			s = append(s, fmt.Sprintf("pg/%d", i))
+			f := ""
+			if r.cfg.follow && i%2 == 1 {
+				f = "f"
+			}
+			s = append(s, fmt.Sprintf("%s/%s%d", store, f, i))
+		}
+	}
+	return s
+}
+
+// followed returns the scopes of the run the follower advances.
+func (r *runner) followed() []string {
+	var s []string
+	for _, scope := range r.scopes() {
+		if strings.Contains(scope, "/f") {
+			s = append(s, scope)
 		}
 	}
 	return s
@@ -239,7 +265,7 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 	defer r.nemesis.Close()
 	meta, _ := json.Marshal(map[string]any{
 		"seed": cfg.seed, "time": cfg.d.String(), "workers": cfg.workers, "scopes": r.scopes(), "nodes": cfg.nodes,
-		"ttl": cfg.ttl.String(), "faults": cfg.faults, "no_fence": cfg.noFence, "rates": r.sched.rates,
+		"ttl": cfg.ttl.String(), "faults": cfg.faults, "no_fence": cfg.noFence, "rates": r.sched.rates, "followed": r.followed(),
 	})
 	r.nemesis.Add(history.Event{Type: history.Meta, Proc: "fencecheck", Detail: string(meta)})
 
@@ -247,6 +273,14 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 	if err := r.startNodes(ctx); err != nil {
 		return nil, err
 	}
+	if r.service, err = history.Create(filepath.Join(r.dir, "service.jsonl")); err != nil {
+		return nil, err
+	}
+	defer r.service.Close()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); r.watchEnds(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 	if err := r.startResource(ctx); err != nil {
 		return nil, err
 	}
@@ -259,6 +293,8 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	stopWatch()
+	<-watched
 	for _, w := range r.workers {
 		for range w.res.droppedHolds() {
 			r.miss(faultDelay, "its request was still held back when the run ended, and was dropped")
@@ -271,7 +307,7 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 		return nil, err
 	}
 	r.printf("history: %s (%d events)\n", path, len(evs))
-	rep := history.Check(evs, history.Options{LinearizabilityTimeout: cfg.timeout, VisualizeDir: r.dir})
+	rep := history.Check(evs, history.Options{LinearizabilityTimeout: cfg.timeout, VisualizeDir: r.dir, LateBound: cfg.lateBound})
 	rep.Write(r.out)
 	if rep.Accepted == 0 {
 		return nil, errors.New("the workers got no read or write through: the run proves nothing (see the logs in " + r.dir + ")")
@@ -308,6 +344,13 @@ func (r *runner) startResource(ctx context.Context) error {
 	}
 	if r.cfg.noFence {
 		args = append(args, "--no-fence")
+	}
+	if r.cfg.follow {
+		var addrs []string
+		for _, nd := range r.nodes {
+			addrs = append(addrs, nd.api)
+		}
+		args = append(args, "--follow", strings.Join(addrs, ","))
 	}
 	r.resource = newProc(r.dir, "resource", r.self, args...)
 	r.resAddr = addr
@@ -473,7 +516,7 @@ func (r *runner) teardown() {
 // state into one history file, in monotonic-time order.
 func (r *runner) merge(finals, applied []history.Event) (string, []history.Event, error) {
 	var evs []history.Event
-	files := []string{filepath.Join(r.dir, "nemesis.jsonl")}
+	files := []string{filepath.Join(r.dir, "nemesis.jsonl"), filepath.Join(r.dir, "service.jsonl")}
 	for _, w := range r.workers {
 		files = append(files, filepath.Join(r.dir, w.name+".jsonl"))
 	}
@@ -504,6 +547,38 @@ func (r *runner) merge(finals, applied []history.Event) (string, []history.Event
 		return "", nil, err
 	}
 	return path, evs, f.Close()
+}
+
+// watchEnds records the end of every lease the service reports on its
+// watch stream, at the time the service recorded it, until ctx ends. A
+// broken watch resumes where it was; ends the service no longer holds are
+// missing from the record, which only leaves their windows unmeasured.
+func (r *runner) watchEnds(ctx context.Context) {
+	var pos uint64
+	for ctx.Err() == nil {
+		var err error
+		for e, werr := range r.admin.Watch(ctx, "", pos) {
+			if werr != nil {
+				err = werr
+				break
+			}
+			pos = e.Position + 1
+			if e.Kind != client.EventReleased && e.Kind != client.EventExpired {
+				continue
+			}
+			wall, mono := history.Now()
+			r.service.Add(history.Event{Type: history.End, Proc: "fenced", F: string(e.Kind), Scope: e.Scope,
+				Token: e.Token, Closing: e.Closing, Wall: e.Time, Mono: mono - int64(wall.Sub(e.Time))})
+		}
+		if errors.Is(err, fence.ErrMissedEvents) {
+			r.note("watch", fmt.Sprintf("the service no longer held the events from position %d; the ends before the watch resumed are not measured", pos))
+			pos = 0
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // rank puts the run's parameters first.

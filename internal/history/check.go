@@ -35,6 +35,10 @@ type Options struct {
 	// VisualizeDir, if set, receives an HTML visualisation of each scope
 	// whose history is not linearizable.
 	VisualizeDir string
+	// LateBound, if set, makes check 5 of it: on a followed scope, a write
+	// accepted longer than this after the service ended its lease is an
+	// anomaly (LateAccepted). Unset, the windows are measured only.
+	LateBound time.Duration
 }
 
 // Op is one operation: an invocation and its completion.
@@ -55,16 +59,17 @@ type Report struct {
 	Applied   int // entries of the resource's log
 	Anomalies []Anomaly
 	Checks    []CheckResult
+	Eager     []Eager // the window eager fencing closes, without and with a follower
 }
 
 // Anomaly is one violation found.
 type Anomaly struct {
 	Kind    string
-	Check   int // 1 to 4
+	Check   int // 1 to 5
 	Example string
 }
 
-// CheckResult summarises one of the four checks.
+// CheckResult summarises one of the checks.
 type CheckResult struct {
 	N       int
 	Name    string
@@ -109,7 +114,8 @@ func Pair(evs []Event) []Op {
 	return ops
 }
 
-// Check runs the four checks over a history.
+// Check runs the four checks over a history, measures the window eager
+// fencing closes, and, with Options.LateBound, checks it (check 5).
 func Check(evs []Event, o Options) *Report {
 	if o.LinearizabilityTimeout == 0 {
 		o.LinearizabilityTimeout = time.Minute
@@ -165,6 +171,11 @@ func Check(evs []Event, o Options) *Report {
 	n = len(r.Anomalies)
 	checked = checkLost(r, ops, applied, finals)
 	r.Checks = append(r.Checks, CheckResult{4, "no acknowledged write lost", checked, len(r.Anomalies) - n})
+	n = len(r.Anomalies)
+	checked = checkEager(r, evs, applied, o)
+	if o.LateBound > 0 {
+		r.Checks = append(r.Checks, CheckResult{5, "no write accepted on a followed scope longer than the bound after its lease ended", checked, len(r.Anomalies) - n})
+	}
 	return r
 }
 
@@ -369,6 +380,7 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s ok %d, failed %d, unknown %d\n", f, m[OK], m[Fail], m[Info])
 	}
 	fmt.Fprintf(w, "reads and writes: accepted %d, rejected as stale %d, unknown outcome %d; resource log %d entries\n", r.Accepted, r.Stale, r.Unknown, r.Applied)
+	r.writeEager(w)
 	fmt.Fprintln(w, "checks:")
 	for _, c := range r.Checks {
 		verdict := "ok"

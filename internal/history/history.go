@@ -55,6 +55,10 @@ const (
 	Final   Type = "final"   // the register's value (Value) and the service's last token (Token) after the run
 	Meta    Type = "meta"    // the run's parameters, in Detail
 	Note    Type = "note"    // how a fault ended (F is its kind, Detail says how); not counted as a fault
+	// End is the service's record that a lease ended: F is "released" or
+	// "expired", Token the lease's token, Closing its closing token, and
+	// Wall when the service recorded it (Mono is derived from Wall).
+	End Type = "end"
 )
 
 // Operation names (Event.F) of the workers.
@@ -64,6 +68,9 @@ const (
 	Release = "release"
 	Read    = "read"
 	Write   = "write"
+	// Mark is the resource's record (an Applied event) that a follower
+	// advanced the scope's mark to Token, writing nothing.
+	Mark = "mark"
 )
 
 // Reasons of failed and unknown completions (Event.Reason).
@@ -77,22 +84,25 @@ const (
 
 // Event is one line of a history file.
 type Event struct {
-	Type   Type      `json:"type"`
-	Proc   string    `json:"proc"`            // w1, w2, ...; nemesis; resource; checker
-	Op     int64     `json:"op,omitempty"`    // per-process operation number, shared by invoke and completion
-	F      string    `json:"f,omitempty"`     // operation name, or fault kind
-	Scope  string    `json:"scope,omitempty"` // the scope (the register) it concerns
-	Token  uint64    `json:"token,omitempty"` // the fencing token presented, granted or applied
-	Seq    uint64    `json:"seq,omitempty"`   // the sequence number within the token's epoch
-	Value  string    `json:"value,omitempty"` // write: the new value; read and applied: the value returned
-	From   string    `json:"from,omitempty"`  // write: the value read before, which it replaces
-	Index  uint64    `json:"index,omitempty"` // applied: the resource's per-scope order
-	Ref    string    `json:"ref,omitempty"`   // applied: the operation's ID, PROC.OP
-	Reason string    `json:"reason,omitempty"`
-	Err    string    `json:"err,omitempty"`
-	Detail string    `json:"detail,omitempty"`
-	Wall   time.Time `json:"wall"`
-	Mono   int64     `json:"mono"` // CLOCK_MONOTONIC in nanoseconds: comparable across processes of one machine
+	Type  Type   `json:"type"`
+	Proc  string `json:"proc"`            // w1, w2, ...; nemesis; resource; checker
+	Op    int64  `json:"op,omitempty"`    // per-process operation number, shared by invoke and completion
+	F     string `json:"f,omitempty"`     // operation name, or fault kind
+	Scope string `json:"scope,omitempty"` // the scope (the register) it concerns
+	Token uint64 `json:"token,omitempty"` // the fencing token presented, granted or applied
+	Seq   uint64 `json:"seq,omitempty"`   // the sequence number within the token's epoch
+	Value string `json:"value,omitempty"` // write: the new value; read and applied: the value returned
+	From  string `json:"from,omitempty"`  // write: the value read before, which it replaces
+	Index uint64 `json:"index,omitempty"` // applied: the resource's per-scope order
+	// Closing is, for End, the token the end of the lease consumed, which
+	// a follower advances the resource's mark to.
+	Closing uint64    `json:"closing,omitempty"`
+	Ref     string    `json:"ref,omitempty"` // applied: the operation's ID, PROC.OP
+	Reason  string    `json:"reason,omitempty"`
+	Err     string    `json:"err,omitempty"`
+	Detail  string    `json:"detail,omitempty"`
+	Wall    time.Time `json:"wall"`
+	Mono    int64     `json:"mono"` // CLOCK_MONOTONIC in nanoseconds: comparable across processes of one machine
 }
 
 // ID returns the operation's ID, PROC.OP, which a write puts in its value
