@@ -118,7 +118,7 @@ func (b *coalescer[In, Out]) start(p *call[In, Out]) {
 	b.mu.Unlock()
 	// The answer of a batch wakes its callers one after another, and
 	// their next calls come together: without this yield the first went
-	// out alone, and the rest waited a round trip for it (BENCHMARKS.md,
+	// out alone, and the rest waited a round trip for it (eda15be:BENCHMARKS.md,
 	// "Waves").
 	runtime.Gosched()
 	batch := b.take()

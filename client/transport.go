@@ -28,7 +28,7 @@ import (
 // and answers an HTTP/1.1 request on the connection's goroutine, where over
 // HTTP/2 the request and its answer each pass between several goroutines on
 // either side: a lone caller's lock cycle took about a third longer over
-// HTTP/2 (BENCHMARKS.md, "Calls over connections of their own").
+// HTTP/2 (eda15be:BENCHMARKS.md, "Calls over connections of their own").
 //
 // HTTP/2's pings notice a node that stopped answering (paused, cut off);
 // HTTP/1.1 has nothing like them. So a call under way for probeEvery has

@@ -12,7 +12,8 @@ const maxQueuedLog = 1 << 20
 // logWriter hands fenced's log lines to stderr from a goroutine of its
 // own. fenced logs every lease transition on the goroutine that applies
 // the Raft log, and a write system call per line took a tenth of a busy
-// node's CPU and held up the next entry (BENCHMARKS.md). Here the lines
+// node's CPU and held up the next entry (the benchmark notes in
+// eda15be:BENCHMARKS.md). Here the lines
 // queue in memory and go out in order, together, as soon as the writer is
 // free: nothing waits on a timer. Close writes what is queued; a process
 // killed outright loses what had not gone out yet, a few lines at most.

@@ -19,7 +19,7 @@ import (
 // collects: without a limit, a node that takes in a million leases grows
 // to 800 MiB and keeps most of it. With this limit it collects earlier
 // instead, and its RSS (the limit, plus some 15 MiB of the binary's pages)
-// stays under 512 MiB up to a million leases (BENCHMARKS.md, scale). A
+// stays under 512 MiB up to a million leases (BENCHMARKS.md, "One node holding many leases"). A
 // node holding more needs a higher --memory-limit: past it, collections
 // come ever more often and take up to half the CPU, so fenced warns when
 // the live heap nears the limit.

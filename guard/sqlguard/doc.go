@@ -145,7 +145,7 @@
 // Each Update costs one statement more than the same unfenced
 // transaction: one more round trip to a database server. UpdateRow costs
 // none on the accepted path. On PostgreSQL, guard/pgxguard fences through
-// pgx on the same table without the extra round trip. See BENCHMARKS.md.
+// pgx on the same table without the extra round trip. See BENCHMARKS.md, "Known costs".
 //
 // A write rolled back by a deadlock or serialization error, like any
 // other failure, leaves the mark where it was; retrying it with the same

@@ -12,7 +12,7 @@ import (
 
 // BinaryFormat is the first log format whose entries may be protobuf
 // (api/fence/log/v1) rather than JSON. Decoding JSON took a third of the
-// state machine goroutine's time on a busy leader (BENCHMARKS.md), and
+// state machine goroutine's time on a busy leader (eda15be:BENCHMARKS.md), and
 // that goroutine is in the path of every grant. Builds before it stop at a
 // binary entry, so a proposer writes one only once the format is raised.
 const BinaryFormat = 6

@@ -39,7 +39,7 @@ type deadlines struct {
 // The heap orders deadlines by key, which is never later than at: a renewal
 // moves at alone, in constant time, and due keys the deadline at its new at
 // when it comes to the top. A lease renewed many times a TTL moves in the
-// heap at most once a TTL, off the renewal's path (BENCHMARKS.md,
+// heap at most once a TTL, off the renewal's path (eda15be:BENCHMARKS.md,
 // "Renewals without the heap").
 type deadline struct {
 	scope    string

@@ -369,7 +369,7 @@ func (l *Lessor) Applied(events []fsm.Event, now time.Time) {
 		// contended scope's hand-offs are a chain of them. Woken from
 		// here, its handler waited about 50 µs for this goroutine to
 		// finish the entry's bookkeeping and answer the futures
-		// (BENCHMARKS.md, "The hand-off's chain"); yielding lets it run
+		// (eda15be:BENCHMARKS.md, "The hand-off's chain"); yielding lets it run
 		// first.
 		runtime.Gosched()
 	}

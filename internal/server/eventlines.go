@@ -16,7 +16,7 @@ const maxQueuedLines = 4096
 // its own. The events come from the goroutine that applies the Raft log,
 // and every caller in a batch waits until that goroutine is done with the
 // batch's entry: a line costs about 2 µs to format, some 50 µs of a busy
-// leader's 25-grant batch (BENCHMARKS.md). The lines keep their order
+// leader's 25-grant batch (eda15be:BENCHMARKS.md). The lines keep their order
 // and the time their event was applied.
 type eventLines struct {
 	log  *slog.Logger

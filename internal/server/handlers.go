@@ -173,7 +173,7 @@ func (s *Server) AcquireBatch(ctx context.Context, req *connect.Request[fencev1.
 // inParallel calls f for every index below n, spread over the cores once n
 // is large enough to pay for the goroutines. Signing a batch's grants one
 // after another (some 20 µs each) kept every caller in the batch waiting
-// on one core while the other idled (BENCHMARKS.md, "Signing a batch").
+// on one core while the other idled (eda15be:BENCHMARKS.md, "Signing a batch").
 func inParallel(n int, f func(i int)) {
 	const minPerWorker = 4
 	workers := min(runtime.GOMAXPROCS(0), n/minPerWorker)

@@ -29,11 +29,12 @@ const keysPath = "/keys"
 // private key of the last one it used and the signatures it made with it:
 // a renewal answers the same token again, and Ed25519 signatures are
 // deterministic, so the cache changes no answer while sparing renewals a
-// fifth of the server's CPU (BENCHMARKS.md, peers: renew).
+// fifth of the server's CPU (eda15be:BENCHMARKS.md, peers: renew).
 //
 // It signs with curve25519-voi, which makes the same RFC 8032 signatures as
 // crypto/ed25519 in about 11 µs against 19 µs here: every grant is signed
-// while its caller waits (BENCHMARKS.md, "Signing with curve25519-voi").
+// while its caller waits (eda15be:BENCHMARKS.md,
+// "Signing with curve25519-voi").
 // Guards verify with crypto/ed25519 (package signing).
 type signer struct {
 	mu    sync.Mutex
