@@ -8,6 +8,8 @@ import { hostname } from "node:os";
 import { basename } from "node:path";
 
 import { FenceError, HeldError, InvalidError, LostError, NotHolderError, UnavailableError } from "./errors.js";
+import { MAX_REPORT, Reporter, type Rejection, type ReporterOptions } from "./report.js";
+import { watchStream, type WatchOptions, type WatchResponse } from "./watch.js";
 
 const SERVICE = "fence.v1.LeaseService";
 
@@ -52,6 +54,16 @@ export interface AcquireOptions {
   driftMarginMs?: number;
 }
 
+/** ScopeState is a scope as Client.get reports it. */
+export interface ScopeState {
+  scope: string;
+  /** The current lease, as anyone may see it; undefined when the scope is free. */
+  lease: { scope: string; token: bigint; holder: string; ttlMs: number; expiresInMs: number } | undefined;
+  /** At or above every token the scope was issued, below its next. */
+  lastToken: bigint;
+  waiters: number;
+}
+
 /** LeaseInfo is a lease as fenced answers it. */
 interface LeaseInfo {
   scope: string;
@@ -76,6 +88,7 @@ export class Client {
   readonly #headers: Record<string, string>;
   readonly #retryTimeoutMs: number;
   readonly #leases = new Set<Lease>();
+  readonly #reporters = new Map<string, Reporter>();
   #closed = false;
 
   /**
@@ -158,12 +171,93 @@ export class Client {
 
   /**
    * close ends every lease the client keeps alive (their lost signals fire)
-   * and releases them, best effort. Later acquires fail.
+   * and releases them, best effort, and sends what the reporters of
+   * reporter() still hold. Later acquires fail.
    */
   async close(): Promise<void> {
     this.#closed = true;
     const held = [...this.#leases];
-    await Promise.allSettled(held.map((l) => l.release()));
+    const reporters = [...this.#reporters.values()];
+    await Promise.allSettled([...held.map((l) => l.release()), ...reporters.map((r) => r.close())]);
+  }
+
+  /**
+   * get reports a scope: its current lease (without the lease ID; absent
+   * when free), lastToken (at or above every token the scope was issued:
+   * for a free scope, the closing token of its last lease, from log format
+   * 8 on) and how many acquires wait in its line.
+   */
+  async get(scope: string, opts: { signal?: AbortSignal } = {}): Promise<ScopeState> {
+    const { body } = await this.#call("get", scope, "Get", { scope }, opts.signal);
+    const l = body?.lease;
+    return {
+      scope: body?.scope ?? scope,
+      lease:
+        l === undefined
+          ? undefined
+          : { scope: l.scope ?? scope, token: BigInt(l.token ?? "0"), holder: l.holder ?? "", ttlMs: parseDuration(l.ttl), expiresInMs: parseDuration(l.expiresIn) },
+      lastToken: BigInt(body?.lastToken ?? "0"),
+      waiters: Number(body?.waiters ?? 0),
+    };
+  }
+
+  /**
+   * reportRejections sends stale rejections a guard saw to fenced
+   * (ReportRejections), at most MAX_REPORT a call, and dropped, how many it
+   * could not keep: fenced's status page, metrics and watchers show them.
+   * guard names the guarded resource for people ("orders-db"). Guards report
+   * through a Reporter, which batches them off the write path.
+   */
+  async reportRejections(guard: string, rejections: Rejection[], dropped = 0n, opts: { signal?: AbortSignal } = {}): Promise<void> {
+    if (rejections.length > MAX_REPORT) {
+      throw new InvalidError("rejections", `report for "${guard}": ${rejections.length} rejections, at most ${MAX_REPORT} a call`);
+    }
+    const req: Record<string, unknown> = {
+      guard,
+      rejections: rejections.map((r) => ({
+        scope: r.scope,
+        presentedToken: r.presented.toString(),
+        highestToken: r.highest.toString(),
+        ...(r.time === undefined ? {} : { time: r.time.toISOString() }),
+      })),
+    };
+    if (dropped > 0n) req.dropped = dropped.toString();
+    await this.#call("report", guard, "ReportRejections", req, opts.signal);
+  }
+
+  /**
+   * reporter returns the client's Reporter for the guard name, made on first
+   * use (with opts then) and flushed by close(): give it to the guards as
+   * their reporter option.
+   */
+  reporter(guard: string, opts: ReporterOptions = {}): Reporter {
+    let r = this.#reporters.get(guard);
+    if (r === undefined) {
+      r = new Reporter(this, guard, opts);
+      this.#reporters.set(guard, r);
+    }
+    return r;
+  }
+
+  /**
+   * watch streams the lease events of the scopes under prefix ("" for all),
+   * one response at a time, from opts.startPosition (absent: from now), with
+   * the held leases first if opts.includeHeld. It is one stream: it throws
+   * when the stream ends, an UnavailableError when the node could not be
+   * reached or the stream was cut off (the next watch goes to the next
+   * node), a FenceError with code "out_of_range" when the start position is
+   * no longer kept (read the state again and watch from now), and the
+   * signal's reason once opts.signal aborts. Resume from the nextPosition of
+   * the last response read. Follower does all of that.
+   */
+  async *watch(prefix: string, opts: WatchOptions = {}): AsyncGenerator<WatchResponse, void, undefined> {
+    const node = this.#cur;
+    try {
+      yield* watchStream(this.#bases[node]!, this.#headers, prefix, opts, fromConnect);
+    } catch (err) {
+      if (err instanceof UnavailableError && this.#cur === node) this.#cur = (node + 1) % this.#bases.length;
+      throw wrap("watch", prefix, err);
+    }
   }
 
   async #release(info: LeaseInfo): Promise<bigint> {
@@ -268,7 +362,7 @@ export class Client {
  * Go's wire.FromConnect does. fenced (connect-go) sends each detail's
  * fields in JSON under "debug", beside the protobuf bytes.
  */
-function fromConnect(body: { code: string; message?: string; details?: { type?: string; debug?: any }[] }, signal?: AbortSignal): FenceError {
+export function fromConnect(body: { code: string; message?: string; details?: { type?: string; debug?: any }[] }, signal?: AbortSignal): FenceError {
   const msg = body.message ?? body.code;
   let conflict: any;
   let violation: any;

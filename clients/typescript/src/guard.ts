@@ -2,6 +2,7 @@
 // and the store of each scope's highest accepted mark.
 
 import { StaleError } from "./errors.js";
+import { report, type RejectionReporter } from "./report.js";
 import type { Token } from "./token.js";
 
 /** Write is what a writer presents: its token and, optionally, a sequence number (0n: none). */
@@ -63,6 +64,12 @@ export interface MarkStore {
  */
 export class MemoryMarkStore implements MarkStore {
   readonly #scopes = new Map<string, { highest: Mark; tail: Promise<unknown> }>();
+  readonly #reporter: RejectionReporter | undefined;
+
+  /** opts.reporter is told of every write the store refuses as stale (a Reporter sends them to fenced). */
+  constructor(opts: { reporter?: RejectionReporter } = {}) {
+    this.#reporter = opts.reporter;
+  }
 
   fence<T>(w: Write, strict: boolean, apply: () => Promise<T>): Promise<T> {
     const scope = w.token.scope;
@@ -76,7 +83,10 @@ export class MemoryMarkStore implements MarkStore {
     // before it, whatever that one's outcome.
     const run = st.tail.then(async () => {
       const stale = check(scope, st.highest, w, strict);
-      if (stale) throw stale;
+      if (stale) {
+        report(this.#reporter, stale);
+        throw stale;
+      }
       const out = await apply();
       st.highest = next(st.highest, w);
       return out;

@@ -8,6 +8,7 @@ import type { MarkStore, Write } from "./guard.js";
 import type { Verifier } from "./keys.js";
 import { formatToken, parseToken, type Token } from "./token.js";
 import type { Lease } from "./client.js";
+import { report, type RejectionReporter } from "./report.js";
 
 /** The header names of docs/protocol.md. */
 export const TOKEN_HEADER = "Fencing-Token";
@@ -40,6 +41,12 @@ export interface MiddlewareOptions {
    * handler writes on none of them.
    */
   unfencedReads?: boolean;
+  /**
+   * Told of every write refused as stale (a Reporter, such as
+   * client.reporter("orders-api")), which sends them to fenced, whatever
+   * the store.
+   */
+  reporter?: RejectionReporter;
 }
 
 /** A Node http or Express style middleware. */
@@ -122,6 +129,7 @@ async function serve(opts: MiddlewareOptions, scope: string, req: IncomingMessag
       return;
     }
     if (err instanceof StaleError) {
+      report(opts.reporter, err);
       writeProblem(res, {
         type: PROBLEM_TYPE,
         title: "Stale fencing token",

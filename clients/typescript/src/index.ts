@@ -1,7 +1,7 @@
 // The TypeScript client and guards of fenced, the fence lease service.
 // See README.md; docs/protocol.md in the repository is the contract.
 
-export { Client, Lease, type AcquireOptions, type ClientOptions } from "./client.js";
+export { Client, Lease, type AcquireOptions, type ClientOptions, type ScopeState } from "./client.js";
 export { FenceError, HeldError, InvalidError, LostError, NotHolderError, StaleError, UnavailableError } from "./errors.js";
 export { check, next, MemoryMarkStore, type Mark, type MarkStore, type Write } from "./guard.js";
 export {
@@ -20,3 +20,5 @@ export { formatToken, isSigned, MAX_TOKEN, parseToken, parseValue, signedPayload
 export { pgAdvance, pgFenced, type PgOptions, type Queryable } from "./pg.js";
 export type { Presented } from "./presented.js";
 export { dataKey, markKey, redisDel, redisHset, redisIncrby, redisSet, type RedisLike, type RedisWriteOptions } from "./redis.js";
+export { MAX_REPORT, Reporter, type Rejection, type RejectionReporter, type ReporterOptions } from "./report.js";
+export type { EventKind, WatchEvent, WatchOptions, WatchResponse } from "./watch.js";

@@ -8,6 +8,7 @@
 import { FenceError, InvalidError } from "./errors.js";
 import type { Lease } from "./client.js";
 import { presentedToken, staleFromFields, type Presented } from "./presented.js";
+import { report, type RejectionReporter } from "./report.js";
 
 /** Queryable is what the guard needs of a PostgreSQL connection: pg's Client and PoolClient are ones. */
 export interface Queryable {
@@ -26,6 +27,11 @@ export interface Queryable {
  */
 export interface PgOptions {
   schema?: string;
+  /**
+   * Told of every stale write the guard refuses (a Reporter, such as
+   * client.reporter("orders-db")), which sends them to fenced.
+   */
+  reporter?: RejectionReporter;
 }
 
 // A PostgreSQL identifier fence's installer names: letters, digits,
@@ -58,7 +64,7 @@ export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigin
   try {
     await db.query(`SELECT ${fn}($1::text, $2::bigint, $3::bigint)`, [token.scope, token.value.toString(), (seq ?? 0n).toString()]);
   } catch (err) {
-    throw pgError(err, lease);
+    throw pgError(err, lease, opts.reporter);
   }
 }
 
@@ -68,7 +74,8 @@ export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigin
  * must be one connection (a pg Client, or a PoolClient from pool.connect()),
  * not a Pool, whose queries may each take another connection. A stale
  * answer from fn's statements too (a fence_row_token trigger) becomes a
- * StaleError. opts.schema qualifies the guard's function (PgOptions).
+ * StaleError. opts.schema qualifies the guard's function, and
+ * opts.reporter hears of stale writes (PgOptions).
  */
 export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: Queryable) => Promise<T>, opts: { seq?: bigint } & PgOptions = {}): Promise<T> {
   const { lease } = presentedToken(presented);
@@ -84,7 +91,7 @@ export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: 
     // the caller can act on (the connection is broken, and the server
     // rolls back anyway).
     await db.query("ROLLBACK").catch(() => undefined);
-    throw pgError(err, lease);
+    throw pgError(err, lease, opts.reporter);
   }
 }
 
@@ -93,12 +100,15 @@ export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: 
  * (stale, with DETAIL "scope=S presented_token=T highest_token=H ...") and
  * FN400 (a malformed argument). Other errors pass unchanged.
  */
-function pgError(err: unknown, lease: Lease | undefined): unknown {
+function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionReporter | undefined): unknown {
   if (err instanceof FenceError) return err;
   const e = err as { code?: string; message?: string; detail?: string };
   if (e?.code === "FN400") {
     return new InvalidError("token", e.message ?? "malformed fenced write", { cause: err });
   }
   if (e?.code !== "FN409") return err;
-  return staleFromFields(e.detail ?? "", lease);
+  const stale = staleFromFields(e.detail ?? "", lease);
+  report(reporter, stale);
+  return stale;
 }
+

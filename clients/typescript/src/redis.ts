@@ -8,6 +8,7 @@
 import { FenceError, InvalidError } from "./errors.js";
 import type { Lease } from "./client.js";
 import { presentedToken, staleFromFields, type Presented } from "./presented.js";
+import { report, type RejectionReporter } from "./report.js";
 
 /** RedisLike is an ioredis client (call) or a node-redis client (sendCommand). */
 export type RedisLike = { call(command: string, ...args: string[]): Promise<unknown> } | { sendCommand(args: string[]): Promise<unknown> };
@@ -29,9 +30,15 @@ export function dataKey(scope: string, name: string): string {
   return `{${scope}}:${name}`;
 }
 
-/** RedisWriteOptions give a write's sequence number (1 to 2^64−1), ordering the writes of one token. */
+/** RedisWriteOptions configure one fenced write. */
 export interface RedisWriteOptions {
+  /** The write's sequence number (1 to 2^64−1), ordering the writes of one token. */
   seq?: bigint;
+  /**
+   * Told of the write if the guard refuses it as stale (a Reporter, such as
+   * client.reporter("orders-cache")), which sends it to fenced.
+   */
+  reporter?: RejectionReporter;
 }
 
 /**
@@ -65,7 +72,7 @@ async function fcall(redis: RedisLike, fn: string, presented: Presented, keys: s
   try {
     return "call" in redis ? await redis.call("FCALL", ...cmd) : await redis.sendCommand(["FCALL", ...cmd]);
   } catch (err) {
-    throw redisError(err, lease);
+    throw redisError(err, lease, opts.reporter);
   }
 }
 
@@ -75,12 +82,15 @@ async function fcall(redis: RedisLike, fn: string, presented: Presented, keys: s
  * highest_seq=R" and "ERR fence: ..." (bad arguments). Other errors pass
  * unchanged.
  */
-function redisError(err: unknown, lease: Lease | undefined): unknown {
+function redisError(err: unknown, lease: Lease | undefined, reporter: RejectionReporter | undefined): unknown {
   if (err instanceof FenceError) return err;
   const msg = String((err as Error)?.message ?? err);
   if (msg.startsWith("ERR fence: ")) {
     return new InvalidError("", msg, { cause: err });
   }
   if (!msg.startsWith("STALE ")) return err;
-  return staleFromFields(msg, lease);
+  const stale = staleFromFields(msg, lease);
+  report(reporter, stale);
+  return stale;
 }
+

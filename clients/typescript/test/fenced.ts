@@ -47,6 +47,10 @@ export interface Fenced {
   url: string;
   /** What fenced logged so far, for failure messages. */
   log(): string;
+  /** stop stops fenced (SIGTERM) and waits for it to exit, keeping its data. */
+  stop(): Promise<void>;
+  /** restart stops fenced and starts it again on the same data and port, a new term of its own. */
+  restart(): Promise<void>;
 }
 
 /**
@@ -57,37 +61,75 @@ export interface Fenced {
  */
 export async function startFenced(...args: string[]): Promise<Fenced> {
   const dir = mkdtempSync(join(tmpdir(), "fence-ts-"));
-  const child: ChildProcess = spawn(goBin("fenced", "FENCED_BIN"), ["--data-dir", join(dir, "data"), "--listen", "127.0.0.1:0", ...args], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
+  let child: ChildProcess | undefined;
   let log = "";
-  child.stderr!.setEncoding("utf8");
-  after(async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise((resolve) => child.once("exit", resolve));
-      child.kill("SIGTERM");
+  const stop = async () => {
+    const c = child;
+    if (c !== undefined && c.exitCode === null && c.signalCode === null) {
+      const exited = new Promise((resolve) => c.once("exit", resolve));
+      c.kill("SIGTERM");
       await exited;
     }
+  };
+  after(async () => {
+    await stop();
     rmSync(dir, { recursive: true, force: true });
   });
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stderr!.on("data", (chunk: string) => {
-      log += chunk;
-      const m = /msg="fenced started" listen=(\S+)/.exec(log);
-      if (m) resolve(`http://${m[1]}`);
+  const start = async (listen: string) => {
+    const c = spawn(goBin("fenced", "FENCED_BIN"), ["--data-dir", join(dir, "data"), "--listen", listen, ...args], {
+      stdio: ["ignore", "ignore", "pipe"],
     });
-    child.once("exit", (code, sig) => reject(new Error(`fenced exited (${code ?? sig}) before it started:\n${log}`)));
-    child.once("error", reject);
-  });
-  // Ready once it leads: a single node elects itself within a second or
-  // so. Bounded at 300 tries of 100ms.
-  for (let i = 0; ; i++) {
-    const res = await fetch(`${url}/readyz`).catch(() => undefined);
-    if (res?.ok) break;
-    if (i >= 300) throw new Error(`fenced at ${url} never became ready:\n${log}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { url, log: () => log };
+    child = c;
+    const from = log.length;
+    c.stderr!.setEncoding("utf8");
+    const url = await new Promise<string>((resolve, reject) => {
+      c.stderr!.on("data", (chunk: string) => {
+        log += chunk;
+        const m = /msg="fenced started" listen=(\S+)/.exec(log.slice(from));
+        if (m) resolve(`http://${m[1]}`);
+      });
+      c.once("exit", (code, sig) => reject(new Error(`fenced exited (${code ?? sig}) before it started:\n${log}`)));
+      c.once("error", reject);
+    });
+    // Ready once it leads: a single node elects itself within a second or
+    // so. Bounded at 300 tries of 100ms.
+    for (let i = 0; ; i++) {
+      const res = await fetch(`${url}/readyz`).catch(() => undefined);
+      if (res?.ok) break;
+      if (i >= 300) throw new Error(`fenced at ${url} never became ready:\n${log}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return url;
+  };
+  const url = await start("127.0.0.1:0");
+  return {
+    url,
+    log: () => log,
+    stop,
+    restart: async () => {
+      await stop();
+      await start(new URL(url).host);
+    },
+  };
+}
+
+/** metric reads an unlabelled counter or gauge from fenced's /metrics (0 if absent). */
+export async function metric(url: string, name: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
+/**
+ * reportedOnStatusPage returns the rows of the status page's table of stale
+ * rejections (id="rejections") for scope: [scope, count, last stale token,
+ * its holder, highest accepted, guard, at], as fenced shows them to people.
+ */
+export async function reportedOnStatusPage(url: string, scope: string): Promise<string[][]> {
+  const html = await (await fetch(`${url}/`)).text();
+  const table = /<table id="rejections">([\s\S]*?)<\/table>/.exec(html)?.[1] ?? "";
+  const rows = [...table.matchAll(/<tr>([\s\S]*?)<\/tr>/g)].map((m) => [...m[1]!.matchAll(/<td[^>]*>([\s\S]*?)<\/td>/g)].map((c) => c[1]!));
+  return rows.filter((r) => r[0] === scope);
 }
 
 /** rpc calls a LeaseService method directly, for what the client does not offer (Get, a foreign Release). */

@@ -2,7 +2,7 @@
 // it that leaves it holding no lease, prints "done", and then must exit by
 // itself: nothing it leaves behind may keep Node's event loop alive.
 
-import { Client, HeldError } from "../src/index.js";
+import { Client, HeldError, StaleError } from "../src/index.js";
 
 const [url, mode, scope] = process.argv.slice(2) as [string, string, string];
 const client = new Client(url, { holder: `idle-${mode}` });
@@ -32,6 +32,14 @@ switch (mode) {
   case "closed": {
     await client.acquire(scope, { ttl: 60_000 });
     await client.close();
+    break;
+  }
+  case "reported": {
+    // A reporter with a rejection to send and a timer a minute away: its
+    // timer must not keep the process alive, and what it holds is sent
+    // when the process has nothing else to do, before it exits.
+    const reporter = client.reporter("idle-reporter", { intervalMs: 60_000 });
+    reporter.rejected(new StaleError({ scope, presented: 41n, highest: 42n }));
     break;
   }
   case "holding": {
