@@ -93,6 +93,16 @@ type Repeater interface {
 	RepeatsApply() bool
 }
 
+// A Lister is a Store that can name the scopes it holds a mark for. A
+// follower (guard/follow) that starts afresh reads the service's state of
+// each, so that a lease that ended while no follower ran is closed too.
+// boltguard, sqlguard, pgxguard and redisguard's stores are Listers.
+type Lister interface {
+	Store
+	// Scopes returns the scopes starting with prefix that have a mark.
+	Scopes(ctx context.Context, prefix string) ([]string, error)
+}
+
 // Guard checks writes against a Store for the scopes it protects. It is
 // safe for concurrent use.
 type Guard struct {

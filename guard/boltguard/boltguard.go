@@ -22,6 +22,7 @@
 package boltguard
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -222,6 +223,27 @@ func (b batched) Fence(ctx context.Context, w guard.Write, strict bool, apply fu
 }
 
 func (batched) RepeatsApply() bool { return true }
+
+func (b batched) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	return b.s.Scopes(ctx, prefix)
+}
+
+// Scopes implements guard.Lister: the scopes starting with prefix that
+// have a mark, in byte order.
+func (s *Store) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	var scopes []string
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		c := tx.Bucket([]byte(Bucket)).Cursor()
+		for k, _ := c.Seek([]byte(prefix)); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, _ = c.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			scopes = append(scopes, string(k))
+		}
+		return nil
+	})
+	return scopes, err
+}
 
 type txKey struct{}
 

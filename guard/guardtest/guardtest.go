@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -143,6 +145,9 @@ func Run(t *testing.T, h Harness) {
 	})
 	t.Run("GuardRefusesMalformedAndForeignTokens", func(t *testing.T) { hostile(t, h.Open(t)) })
 	t.Run("Concurrent", func(t *testing.T) { concurrent(t, h.Open(t)) })
+	if _, ok := h.Open(t).(guard.Lister); ok {
+		t.Run("Lists", func(t *testing.T) { lists(t, h) })
+	}
 	if h.Reopen != nil {
 		t.Run("SurvivesRestart", func(t *testing.T) {
 			s, sc := h.Open(t), scope(t)
@@ -151,6 +156,43 @@ func Run(t *testing.T, h Harness) {
 			mustRefuse(t, s, tok(sc, 41), false, 42)
 			mustAccept(t, s, tok(sc, 42), false)
 		})
+	}
+}
+
+// lists checks a guard.Lister: it names exactly the scopes under a prefix
+// that have a mark, whatever characters they hold, before and after a
+// restart.
+func lists(t *testing.T, h Harness) {
+	s := h.Open(t)
+	p := scope(t) + "/é/"
+	want := []string{p + "a", p + "b/c", p + `*?[x]\{y}`, p + "é"}
+	for _, sc := range want {
+		mustAccept(t, s, tok(sc, 7), false)
+	}
+	// Near misses: a sibling, the prefix in capitals, a longer name that
+	// shares the prefix but one byte, and a scope whose only write failed.
+	for _, sc := range []string{p[:len(p)-1] + "x/a", strings.ToUpper(p) + "a"} {
+		mustAccept(t, s, tok(sc, 7), false)
+	}
+	err := s.Fence(context.Background(), tok(p+"failed", 7), false, func(context.Context) error { return errors.New("boom") })
+	if err == nil {
+		t.Fatal("Fence with a failing apply succeeded")
+	}
+	check := func(s guard.Store) {
+		t.Helper()
+		got, err := s.(guard.Lister).Scopes(context.Background(), p)
+		if err != nil {
+			t.Fatalf("Scopes(%q): %v", p, err)
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("Scopes(%q) = %q, want %q", p, got, want)
+		}
+	}
+	check(s)
+	if h.Reopen != nil {
+		check(h.Reopen(t, s))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -214,6 +215,18 @@ func (s *Store) refused(ctx context.Context, w guard.Write, strict, accepted boo
 	// The mark only grows, so a mark read after the refusal refuses too;
 	// if it does not, refuse rather than report an acceptance.
 	return fmt.Errorf("pgxguard: %s refused token %d sequence %d of %q, but its mark %+v admits it", s.table, w.Token.Value, w.Seq, w.Token.Scope, m)
+}
+
+// Scopes implements guard.Lister: the scopes starting with prefix that
+// have a mark.
+func (s *Store) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	var scopes []string
+	err := s.db.QueryRow(ctx, "SELECT coalesce(array_agg(scope), '{}') FROM "+s.table+" WHERE substr(scope, 1, $1) = $2",
+		utf8.RuneCountInString(prefix), prefix).Scan(&scopes)
+	if err != nil {
+		return nil, fmt.Errorf("pgxguard: list the scopes of %s: %w", s.table, err)
+	}
+	return scopes, nil
 }
 
 // Highest returns the highest mark accepted for scope (zero if none).

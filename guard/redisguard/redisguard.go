@@ -406,6 +406,41 @@ func NewStore(rdb redis.UniversalClient, opts ...Option) *Store {
 	return &Store{rdb: rdb, prefix: newConfig(opts).prefix}
 }
 
+// Scopes implements guard.Lister: the scopes starting with prefix that
+// have a mark, found with SCAN (on every master of a Redis Cluster).
+func (s *Store) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	start := s.prefix + "{"
+	match := globEscaper.Replace(start+prefix) + "*}"
+	var mu sync.Mutex
+	var scopes []string
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			scope := strings.TrimSuffix(strings.TrimPrefix(iter.Val(), start), "}")
+			mu.Lock()
+			scopes = append(scopes, scope)
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		err = fmt.Errorf("a %T cannot be scanned; give a *redis.Client or *redis.ClusterClient", s.rdb)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisguard: list the scopes under %q: %w", prefix, err)
+	}
+	return scopes, nil
+}
+
+// globEscaper quotes the characters special in a SCAN pattern.
+var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
 // ErrSuperseded reports that Store.Fence applied a write and then found
 // that another process had advanced the scope's mark past it meanwhile. It
 // wraps fence.ErrStale; the error returned also carries the

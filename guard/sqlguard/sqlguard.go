@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
@@ -253,6 +254,33 @@ func (s *Store) highest(ctx context.Context, q querier, scope string) (guard.Mar
 		return guard.Mark{}, fmt.Errorf("sqlguard: read the mark of %q: %w", scope, err)
 	}
 	return guard.Mark{Token: uint64(t), Seq: uint64(n)}, nil
+}
+
+// Scopes implements guard.Lister: the scopes starting with prefix that
+// have a mark.
+func (s *Store) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	// substr counts characters of text, but bytes of MySQL's VARBINARY.
+	n := utf8.RuneCountInString(prefix)
+	if s.dialect == MySQL {
+		n = len(prefix)
+	}
+	rows, err := s.db.QueryContext(ctx, "SELECT scope FROM "+s.table+" WHERE substr(scope, 1, "+s.dialect.param(1)+") = "+s.dialect.param(2), n, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("sqlguard: list the scopes of %s: %w", s.table, err)
+	}
+	defer rows.Close()
+	var scopes []string
+	for rows.Next() {
+		var scope string
+		if err := rows.Scan(&scope); err != nil {
+			return nil, fmt.Errorf("sqlguard: list the scopes of %s: %w", s.table, err)
+		}
+		scopes = append(scopes, scope)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlguard: list the scopes of %s: %w", s.table, err)
+	}
+	return scopes, nil
 }
 
 // Highest returns the highest mark accepted for scope (zero if none).
