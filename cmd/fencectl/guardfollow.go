@@ -7,14 +7,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/follow"
+	"github.com/fence-dev/fence/guard/guardmetrics"
 	"github.com/fence-dev/fence/guard/redisguard"
 	"github.com/fence-dev/fence/guard/sqlguard"
 )
@@ -27,13 +33,17 @@ type guardFollowJSON struct {
 	Advanced uint64  `json:"advanced"`
 	Resyncs  uint64  `json:"resyncs"`
 	LagMs    float64 `json:"lag_ms"`
-	Stopped  bool    `json:"stopped,omitempty"`
+	// Listen is where --listen serves /metrics and the status page (the
+	// address it bound: a port of 0 is chosen).
+	Listen  string `json:"listen,omitempty"`
+	Stopped bool   `json:"stopped,omitempty"`
 }
 
 func (a *app) newGuardFollowCmd() *cobra.Command {
 	var (
 		prefix string
 		report time.Duration
+		listen string
 	)
 	cmd := &cobra.Command{
 		Use:   "follow URL",
@@ -55,10 +65,25 @@ follower that is behind or stopped costs only that window, never safety.
 URL is as for install (postgres://, mysql://, redis://; the table
 fence_tokens or the keys fence:{SCOPE}). It runs until interrupted, and
 prints how many marks it advanced and how far behind it is (lag: the age
-of the oldest grant or closing received and not yet recorded) every
---report, and when it stops.`,
+of the oldest grant or closing received and not yet recorded, or the time
+since it lost or has not yet got the watch) every --report, and when it
+stops.
+
+With --listen ADDR it serves, as fenced does on its --listen, Prometheus
+metrics at /metrics, labelled by the prefix:
+
+  fence_follow_lag_seconds            gauge, the lag above
+  fence_follow_marks_advanced_total   counter, marks advanced in the database
+  fence_follow_resyncs_total          counter, reads of the state instead of resuming
+  fence_follow_watch_position         gauge, the watch stream's position it has
+                                      every event up to (0: not watching)
+
+and a plain-text status page at / with the prefix, the service's and the
+database's addresses, the lag, the counts and the last error. The first
+line printed names the address bound (a port of 0 picks one).`,
 		Example: `  fencectl guard follow 'postgres://app:secret@db.internal:5432/shop' --prefix orders/
-  fencectl guard follow redis://127.0.0.1:6379 --prefix jobs/ --report 10s -o json`,
+  fencectl guard follow redis://127.0.0.1:6379 --prefix jobs/ --report 10s -o json
+  fencectl guard follow mysql://app:secret@db:3306/shop --prefix orders/ --listen 127.0.0.1:9481`,
 		Args: exactArgs("URL"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			if err := fence.ValidatePrefix(prefix); err != nil {
@@ -84,15 +109,38 @@ of the oldest grant or closing received and not yet recorded) every
 			defer c.Close()
 			log := slog.New(slog.NewTextHandler(redactingWriter{a.stderr, secrets(t.url)}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			f := follow.New(c, store, prefix, follow.WithLogger(log))
+			var bound string
+			if listen != "" {
+				ln, err := net.Listen("tcp", listen)
+				if err != nil {
+					return fmt.Errorf("--listen: %w", err)
+				}
+				srv, err := followServer(f, a.addr, redactURL(t.url), secrets(t.url))
+				if err != nil {
+					ln.Close()
+					return err
+				}
+				bound = ln.Addr().String()
+				go func() {
+					if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+						log.Warn("guard follow: --listen stopped serving", "addr", bound, "err", err)
+					}
+				}()
+				defer srv.Close()
+			}
 			line := func(stopped bool) error {
 				out := guardFollowJSON{URL: redactURL(t.url), Prefix: prefix, Advanced: f.Advanced(), Resyncs: f.Resyncs(),
-					LagMs: float64(f.Lag().Microseconds()) / 1000, Stopped: stopped}
+					LagMs: float64(f.Lag().Microseconds()) / 1000, Listen: bound, Stopped: stopped}
 				return a.emit(out, func(w io.Writer) {
 					verb := "following"
 					if stopped {
 						verb = "stopped following"
 					}
-					fmt.Fprintf(w, "%s %q into %s: %d marks advanced, %d resyncs, lag %s\n", verb, prefix, out.URL, out.Advanced, out.Resyncs, f.Lag().Round(time.Microsecond))
+					fmt.Fprintf(w, "%s %q into %s: %d marks advanced, %d resyncs, lag %s", verb, prefix, out.URL, out.Advanced, out.Resyncs, f.Lag().Round(time.Microsecond))
+					if bound != "" && !stopped {
+						fmt.Fprintf(w, "; metrics at http://%s/metrics, status at http://%s/", bound, bound)
+					}
+					fmt.Fprintln(w)
 				})
 			}
 			if err := line(false); err != nil {
@@ -119,7 +167,52 @@ of the oldest grant or closing received and not yet recorded) every
 	}
 	cmd.Flags().StringVar(&prefix, "prefix", "", "follow the scopes starting with this prefix (all without it)")
 	cmd.Flags().DurationVar(&report, "report", time.Minute, "print the marks advanced and the lag this often")
+	cmd.Flags().StringVar(&listen, "listen", "", "serve Prometheus metrics at /metrics and a status page at / on this host:port (none without it)")
 	return cmd
+}
+
+// followServer serves f's metrics at /metrics and its status, in plain
+// text, at /. service and store name where it follows from and into;
+// secrets are blanked out of the errors it shows.
+func followServer(f *follow.Follower, service, store string, secrets []string) (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	for _, c := range []prometheus.Collector{
+		guardmetrics.NewFollowerCollector(f),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	started := time.Now()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		state := "following"
+		pos := f.Position()
+		if pos == 0 {
+			state = "NOT following: the service has not taken the watch (see the last error)"
+		}
+		lastErr := "none"
+		if at, err := f.LastError(); err != nil {
+			lastErr = fmt.Sprintf("%s (%s ago): %s", at.UTC().Format(time.RFC3339), dur(time.Since(at)), redactedError{err, secrets}.Error())
+		}
+		fmt.Fprintf(w, "fencectl guard follow\n\n"+
+			"prefix          %q\n"+
+			"service         %s\n"+
+			"store           %s\n"+
+			"state           %s\n"+
+			"lag             %s\n"+
+			"marks advanced  %d\n"+
+			"resyncs         %d\n"+
+			"watch position  %d\n"+
+			"last error      %s\n"+
+			"up              %s\n",
+			f.Prefix(), service, store, state, f.Lag().Round(time.Microsecond), f.Advanced(), f.Resyncs(), pos, lastErr, dur(time.Since(started)))
+	})
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, nil
 }
 
 // openGuardStore opens the guard.Store over the marks guard install's

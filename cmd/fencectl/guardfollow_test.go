@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/scrape"
 )
 
 // TestGuardFollow (invariant 9 at the in-database guards): with `fencectl
@@ -29,38 +32,6 @@ func TestGuardFollow(t *testing.T) {
 	}
 	defer c.Close()
 	name := fmt.Sprintf("fencectl_follow_%08x", rand.Uint32())
-
-	// follow starts guard follow on u for followed/ and waits for its
-	// first line.
-	follow := func(t *testing.T, u string) {
-		t.Helper()
-		ctx, cancel := context.WithCancel(context.Background())
-		cmd := s.command(ctx, "guard", "follow", u, "--prefix", "followed/", "--report", "1h", "-o", "json")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cancel()
-			cmd.Wait()
-			if t.Failed() {
-				t.Logf("guard follow's stderr:\n%s", stderr.String())
-			}
-		})
-		lines := bufio.NewScanner(out)
-		if !lines.Scan() {
-			t.Fatalf("guard follow printed nothing: %s", stderr.String())
-		}
-		var first guardFollowJSON
-		if err := json.Unmarshal(lines.Bytes(), &first); err != nil || first.Prefix != "followed/" || strings.Contains(lines.Text(), ":fence@") {
-			t.Fatalf("guard follow's first line %q: %v", lines.Text(), err)
-		}
-	}
 
 	// scenario runs a lease's life under scope with write, the guarded
 	// write of one of the installed functions (nil error: accepted), and
@@ -120,7 +91,7 @@ func TestGuardFollow(t *testing.T) {
 		if code, _, stderr := ctl("guard", "install", u); code != exitOK {
 			t.Fatalf("install: %d %s", code, stderr)
 		}
-		follow(t, u)
+		startGuardFollow(t, s, u, "followed/")
 		for _, end := range []string{"released", "expired"} {
 			if scenario(t, "followed/"+name+"/"+end, end, write) {
 				t.Errorf("%s with a follower: the late write was accepted", end)
@@ -156,4 +127,157 @@ func TestGuardFollow(t *testing.T) {
 			return rdb.FCall(context.Background(), "fence_set", []string{mark, key}, token, 0, "v").Err()
 		})
 	})
+}
+
+// startGuardFollow starts `fencectl guard follow u --prefix prefix -o
+// json` (with extra flags) against s until the test ends, and returns its
+// first line.
+func startGuardFollow(t *testing.T, s *fenced, u, prefix string, extra ...string) guardFollowJSON {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := s.command(ctx, append([]string{"guard", "follow", u, "--prefix", prefix, "--report", "1h", "-o", "json"}, extra...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("guard follow's stderr:\n%s", stderr.String())
+		}
+	})
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() {
+		t.Fatalf("guard follow printed nothing: %s", stderr.String())
+	}
+	var first guardFollowJSON
+	if err := json.Unmarshal(lines.Bytes(), &first); err != nil || first.Prefix != prefix || strings.Contains(lines.Text(), ":fence@") {
+		t.Fatalf("guard follow's first line %q: %v", lines.Text(), err)
+	}
+	return first
+}
+
+// TestGuardFollowListen: `fencectl guard follow --listen` serves the
+// follower's progress. Started before its fenced answers, it reports a
+// growing lag, watch position 0 and the watch's error, on /metrics and on
+// its status page; once fenced is up, the position moves, the marks
+// advanced count a grant and a release, and the lag is back to 0.
+func TestGuardFollowListen(t *testing.T) {
+	u := redisServer(t)
+	addr := freeAddr(t) // the fenced, started later
+	prefix := fmt.Sprintf("listen%08x/", rand.Uint32())
+	first := startGuardFollow(t, &fenced{addr: addr}, u, prefix, "--listen", "127.0.0.1:0")
+	if first.Listen == "" || strings.HasSuffix(first.Listen, ":0") {
+		t.Fatalf("guard follow's first line %+v: want the address it listens on", first)
+	}
+	metric := func(name string) float64 {
+		t.Helper()
+		v, ok := scrape.Find(scrape.Families(t, first.Listen), name, "prefix", prefix)
+		if !ok {
+			t.Fatalf("/metrics has no %s{prefix=%q}", name, prefix)
+		}
+		return v
+	}
+	status := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + first.Listen + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /: %s %s", resp.Status, b)
+		}
+		return string(b)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30s\nstatus page:\n%s", what, status())
+			}
+		}
+	}
+
+	// No service yet: behind since it started, and saying why.
+	waitFor("a lag without the service", func() bool { return metric("fence_follow_lag_seconds") > 0.3 })
+	if pos := metric("fence_follow_watch_position"); pos != 0 {
+		t.Errorf("fence_follow_watch_position = %v without the service, want 0", pos)
+	}
+	waitFor("the watch's error on the status page", func() bool { return strings.Contains(status(), "watch: ") })
+	page := status()
+	for _, want := range []string{fmt.Sprintf("prefix          %q", prefix), "service         " + addr, "store           " + u, "NOT following"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the status page lacks %q:\n%s", want, page)
+		}
+	}
+
+	s := startFenced(t, "--listen", addr)
+	waitFor("a watch position once fenced is up", func() bool { return metric("fence_follow_watch_position") > 0 })
+	waitFor("no lag once following", func() bool { return metric("fence_follow_lag_seconds") == 0 })
+	pos, advanced := metric("fence_follow_watch_position"), metric("fence_follow_marks_advanced_total")
+
+	c, err := client.New(s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opt, _ := redis.ParseURL(u)
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	scope := prefix + "a"
+	t.Cleanup(func() { rdb.Del(context.Background(), "fence:{"+scope+"}") })
+	mark := func() uint64 {
+		v, _ := rdb.HGet(context.Background(), "fence:{"+scope+"}", "token").Uint64()
+		return v
+	}
+	l, err := c.Grant(context.Background(), scope, client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the grant's mark", func() bool { return mark() == l.Token })
+	waitFor("the grant counted", func() bool {
+		return metric("fence_follow_marks_advanced_total") > advanced && metric("fence_follow_watch_position") > pos
+	})
+	pos, advanced = metric("fence_follow_watch_position"), metric("fence_follow_marks_advanced_total")
+	if _, err := c.Release(context.Background(), scope, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the closing's mark", func() bool { return mark() == l.Token+1 })
+	waitFor("the release counted", func() bool {
+		return metric("fence_follow_marks_advanced_total") > advanced && metric("fence_follow_watch_position") > pos
+	})
+	if lag := metric("fence_follow_lag_seconds"); lag != 0 {
+		t.Errorf("fence_follow_lag_seconds = %v once the closing is recorded, want 0", lag)
+	}
+	if n := metric("fence_follow_resyncs_total"); n != 1 {
+		// Its watch never started before fenced was up: what it could
+		// have missed is read from the state, once.
+		t.Errorf("fence_follow_resyncs_total = %v, want 1", n)
+	}
+	page = status()
+	for _, want := range []string{"state           following\n", fmt.Sprintf("marks advanced  %d\n", int(metric("fence_follow_marks_advanced_total"))), fmt.Sprintf("watch position  %d\n", int(metric("fence_follow_watch_position")))} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the status page lacks %q:\n%s", want, page)
+		}
+	}
+}
+
+// TestGuardFollowHelp: guard follow's help documents --listen and the
+// names of the metrics it serves.
+func TestGuardFollowHelp(t *testing.T) {
+	t.Parallel()
+	r := (&fenced{addr: "127.0.0.1:1"}).want(t, exitOK, "guard", "follow", "--help")
+	for _, want := range []string{"--listen", "/metrics", "status page", "fence_follow_lag_seconds", "fence_follow_marks_advanced_total", "fence_follow_resyncs_total", "fence_follow_watch_position"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("guard follow --help lacks %q:\n%s", want, r.stdout)
+		}
+	}
 }

@@ -70,10 +70,15 @@ const maxTTL = time.Minute
 // startFenced runs fenced on a free loopback port with its data in a
 // temporary directory, waits until it answers, and kills it when the test
 // ends. Its tokens are unsigned, so tests can spell them out; extra flags
-// (such as --sign-tokens=true) come after and win.
+// (such as --sign-tokens=true) come after and win, --listen ADDR included.
 func startFenced(t *testing.T, extra ...string) *fenced {
 	t.Helper()
 	addr := freeAddr(t)
+	for i := range len(extra) - 1 {
+		if extra[i] == "--listen" {
+			addr = extra[i+1]
+		}
+	}
 	logPath := filepath.Join(t.TempDir(), "fenced.log")
 	logf, err := os.Create(logPath)
 	if err != nil {

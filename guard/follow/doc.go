@@ -13,6 +13,9 @@
 //	...
 //	lag := f.Lag() // how far behind the service it is
 //
+// Lag, Advanced, Resyncs, Position and LastError report its progress;
+// guardmetrics.NewFollowerCollector exports them to Prometheus.
+//
 // The store is the one the writers' guard uses (guard.MemoryStore,
 // boltguard, sqlguard, pgxguard's or redisguard's): the follower moves its
 // marks with the store's own Fence and an apply that does nothing, the

@@ -34,8 +34,13 @@ type Follower struct {
 	// inflight are the marks being applied, by scope.
 	inflight map[string]mark
 
+	// lastErr is the most recent failure and when it happened.
+	lastErr   error
+	lastErrAt time.Time
+
 	advanced atomic.Uint64
 	resyncs  atomic.Uint64
+	position atomic.Uint64 // the watch position it resumes from
 }
 
 // mark is a token to advance a scope to, and when the service recorded
@@ -78,6 +83,7 @@ func New(c *client.Client, store guard.Store, prefix string, opts ...Option) *Fo
 // returns earlier only for a failure that retrying cannot mend: the prefix
 // is invalid, or the caller may not watch it.
 func (f *Follower) Run(ctx context.Context) error {
+	f.lost() // not following until the service takes the watch
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -96,8 +102,10 @@ func (f *Follower) Run(ctx context.Context) error {
 // oldest grant or closing it received but has not yet recorded in the
 // store, by the time the service recorded it (so it includes the watch's
 // delivery, and the clocks' difference between the two machines), or,
-// while its watch is broken or it reads the state again, the time since
-// it lost the stream. 0 when it has recorded everything it received.
+// while it is not following (from the start of Run until the service
+// takes its watch, while the watch is broken, while it reads the state
+// again), the time since it started or lost the stream. 0 when it has
+// recorded everything it received.
 func (f *Follower) Lag() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -118,9 +126,36 @@ func (f *Follower) Lag() time.Duration {
 // (including advances the store found already done).
 func (f *Follower) Advanced() uint64 { return f.advanced.Load() }
 
-// Resyncs reports how many times the follower read the state again
-// because the service no longer held the events to resume from.
+// Resyncs reports how many times the follower read the state of the
+// scopes it has seen instead of resuming its watch: the service no longer
+// held the events to resume from, or its watch had never started.
 func (f *Follower) Resyncs() uint64 { return f.resyncs.Load() }
+
+// Prefix returns the prefix of the scopes the follower follows.
+func (f *Follower) Prefix() string { return f.prefix }
+
+// Position reports the position in the service's watch stream up to which
+// the follower has received every event, where it resumes after a
+// disconnection: 0 until the service first takes its watch, and while it
+// reads the state again after missed events.
+func (f *Follower) Position() uint64 { return f.position.Load() }
+
+// LastError reports when the follower's most recent failure happened,
+// and what it was: a broken watch, a failed read of the state, a failed
+// advance in the store, each of which it retries. A zero time and nil if
+// none happened since New.
+func (f *Follower) LastError() (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastErrAt, f.lastErr
+}
+
+// failed records err as the most recent failure.
+func (f *Follower) failed(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastErr, f.lastErrAt = err, time.Now()
+}
 
 // watch consumes the watch stream into pending, resuming after
 // disconnections and reading the state again when it cannot resume.
@@ -131,6 +166,7 @@ func (f *Follower) watch(ctx context.Context) error {
 	for {
 		if resync {
 			pos = 0
+			f.position.Store(0)
 		}
 		opts := []client.WatchOption{client.WithProgress(func(next uint64) {
 			// The service has taken the watch's start: whatever happens
@@ -140,6 +176,7 @@ func (f *Follower) watch(ctx context.Context) error {
 			if resync {
 				if err := f.resync(ctx); err != nil {
 					if ctx.Err() == nil {
+						f.failed(fmt.Errorf("read the state again: %w", err))
 						f.log.Warn("follow: could not read the state again; retrying", "prefix", f.prefix, "err", err)
 					}
 					return // at the next response
@@ -147,6 +184,7 @@ func (f *Follower) watch(ctx context.Context) error {
 				resync = false
 			}
 			pos = next
+			f.position.Store(pos)
 			f.caughtUp()
 		})}
 		if pos == 0 {
@@ -160,6 +198,7 @@ func (f *Follower) watch(ctx context.Context) error {
 			}
 			if e.Position != 0 && !resync {
 				pos = e.Position + 1
+				f.position.Store(pos)
 			}
 			f.event(e)
 		}
@@ -167,6 +206,9 @@ func (f *Follower) watch(ctx context.Context) error {
 			return ctx.Err()
 		}
 		f.lost()
+		if err != nil {
+			f.failed(fmt.Errorf("watch: %w", err))
+		}
 		switch {
 		case errors.Is(err, fence.ErrMissedEvents):
 			f.log.Warn("follow: the service no longer holds the events to resume from; reading the state again", "prefix", f.prefix, "err", err)
@@ -305,6 +347,7 @@ func (f *Follower) apply(ctx context.Context) {
 func (f *Follower) advanceOne(ctx context.Context, scope string, m mark) {
 	err := f.advance(ctx, scope, m.token)
 	if err != nil && ctx.Err() == nil {
+		f.failed(fmt.Errorf("advance %q to %d: %w", scope, m.token, err))
 		f.log.Warn("follow: could not advance the mark; retrying", "scope", scope, "token", m.token, "err", err)
 		select {
 		case <-ctx.Done():

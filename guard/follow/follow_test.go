@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,9 +203,77 @@ func TestFollowRetriesTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "a lag while the store is down", func() bool { return f.Lag() > 50*time.Millisecond })
+	if at, err := f.LastError(); err == nil || !strings.Contains(err.Error(), "the store is down") || at.IsZero() {
+		t.Errorf("LastError() = %v, %v while the store is down; want its error", at, err)
+	}
 	store.down.Store(false)
 	waitFor(t, "the closing recorded once the store is back", func() bool { return mem.Highest("s").Token == l.Token+1 })
 	waitFor(t, "no lag", func() bool { return f.Lag() == 0 })
+}
+
+// TestFollowReportsProgress: a follower that has not reached the service
+// says so (a lag growing from the start of Run, position 0, the watch's
+// error); one that follows reports the position it has everything up to,
+// moving with each event, and no lag once caught up.
+func TestFollowReportsProgress(t *testing.T) {
+	ctx := testContext(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := ln.Addr().String()
+	ln.Close() // refuses connections from now on
+	// A client that keeps trying for a minute: the watch has not failed
+	// yet, and the follower is behind all the same.
+	patient, err := client.New(nowhere, client.WithRetryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer patient.Close()
+	cut := follow.New(patient, guard.NewMemoryStore(), "p/", follow.WithLogger(quiet))
+	if cut.Prefix() != "p/" {
+		t.Errorf("Prefix() = %q, want p/", cut.Prefix())
+	}
+	run(t, cut)
+	waitFor(t, "a lag before the service took the watch", func() bool { return cut.Lag() > 100*time.Millisecond })
+	if cut.Position() != 0 {
+		t.Errorf("Position() = %d without the service, want 0", cut.Position())
+	}
+	// One that gives up soon: the follower records the watch's error.
+	hasty, err := client.New(nowhere, client.WithRetryTimeout(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hasty.Close()
+	failing := follow.New(hasty, guard.NewMemoryStore(), "p/", follow.WithLogger(quiet))
+	run(t, failing)
+	waitFor(t, "the watch's error", func() bool {
+		at, err := failing.LastError()
+		return err != nil && strings.HasPrefix(err.Error(), "watch: ") && !at.IsZero()
+	})
+
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	store := guard.NewMemoryStore()
+	f := follow.New(c, store, "p/", follow.WithLogger(quiet))
+	run(t, f)
+	waitFor(t, "a position once the service took the watch", func() bool { return f.Position() != 0 })
+	start := f.Position()
+	l, err := c.Grant(ctx, "p/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Release(ctx, "p/a", l.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the closing recorded", func() bool { return store.Highest("p/a").Token == l.Token+1 })
+	waitFor(t, "the position past the grant and the release", func() bool { return f.Position() >= start+2 })
+	waitFor(t, "no lag", func() bool { return f.Lag() == 0 })
+	if at, err := f.LastError(); err != nil {
+		t.Errorf("LastError() = %v, %v; want none", at, err)
+	}
 }
 
 // proxy forwards TCP connections to a backend it can be cut from.

@@ -3,6 +3,11 @@
 // labelled by adapter only, so the number of series stays bounded however
 // many scopes there are. Scopes and tokens of rejections go to the log
 // (guard.WithLogger), not to labels.
+//
+// FollowerCollector reports a guard/follow Follower's progress:
+// fence_follow_lag_seconds, fence_follow_marks_advanced_total,
+// fence_follow_resyncs_total and fence_follow_watch_position, labelled by
+// the prefix it follows.
 package guardmetrics
 
 import (
