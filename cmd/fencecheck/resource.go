@@ -225,6 +225,13 @@ func (m markingStore) Fence(ctx context.Context, w guard.Write, strict bool, app
 	})
 }
 
+// Scopes lists the marked scopes of the backend's store (both are
+// guard.Listers), so that a follower restarted with the resource closes the
+// leases that ended while it was down.
+func (m markingStore) Scopes(ctx context.Context, prefix string) ([]string, error) {
+	return m.b.fences().(guard.Lister).Scopes(ctx, prefix)
+}
+
 // logEvent is the resource's record of one applied request.
 func logEvent(a application, index uint64, value string) history.Event {
 	wall, mono := history.Now()

@@ -38,7 +38,12 @@
 // scope it has seen by Get, whose last token, for a free scope, is its
 // closing. A scope it never saw whose lease was granted and ended inside
 // such a gap is not advanced until its next event. The scopes it has seen
-// are kept in memory.
+// are kept in memory. When it starts, a follower of a store that names its
+// scopes (a guard.Lister: boltguard, sqlguard, pgxguard and redisguard's
+// stores) reads the state of each scope under the prefix that the store
+// has a mark for, so that a lease that ended while no follower ran is
+// closed too; over another store such a lease stays open until the
+// scope's next event.
 //
 // The service's tokens are signed; closing tokens are not, being granted
 // to nobody. The follower writes to the store directly, so a Guard's

@@ -28,6 +28,9 @@ type Follower struct {
 	pending map[string]mark // scope → the highest mark to advance to, not yet applied
 	wake    chan struct{}   // signalled when pending gains an entry
 	seen    map[string]bool // every scope an event named, for a resync
+	// listed says that the store's own scopes are in seen (a
+	// guard.Lister's, read at the first start of the watch).
+	listed bool
 	// behind is, while the watch is broken or the state is being read
 	// again, since when (0 otherwise).
 	behind time.Time
@@ -161,7 +164,10 @@ func (f *Follower) failed(err error) {
 // disconnections and reading the state again when it cannot resume.
 func (f *Follower) watch(ctx context.Context) error {
 	var pos uint64 // the position to resume from; 0: start afresh
-	resync := false
+	// A store that names its scopes lets a follower that starts afresh
+	// close the leases that ended while none ran: it reads their state once
+	// the watch has started, as after missed events.
+	_, resync := f.store.(guard.Lister)
 	backoff := 50 * time.Millisecond
 	for {
 		if resync {
@@ -249,13 +255,28 @@ func (f *Follower) caughtUp() {
 	f.behind = time.Time{}
 }
 
-// resync reads the current state of the scopes seen so far: a held scope
+// resync reads the current state of the scopes seen so far, and the first
+// time, for a store that is a guard.Lister, of every scope under the
+// prefix the store has a mark for (not counted in Resyncs): a held scope
 // advances to its lease's token, a free one to its last token (its
 // closing, from log format 8 on; a token floor set since is above every
 // token it had). A held scope's last token may be above its lease's (a
 // token floor), so it is not used.
 func (f *Follower) resync(ctx context.Context) error {
-	f.resyncs.Add(1)
+	if l, ok := f.store.(guard.Lister); ok && !f.listed {
+		scopes, err := l.Scopes(ctx, f.prefix)
+		if err != nil {
+			return fmt.Errorf("list the store's scopes: %w", err)
+		}
+		f.mu.Lock()
+		for _, s := range scopes {
+			f.seen[s] = true
+		}
+		f.mu.Unlock()
+		f.listed = true
+	} else {
+		f.resyncs.Add(1)
+	}
 	f.mu.Lock()
 	scopes := make([]string, 0, len(f.seen))
 	for s := range f.seen {
@@ -263,16 +284,30 @@ func (f *Follower) resync(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	now := time.Now()
-	for _, s := range scopes {
-		st, err := f.c.Get(ctx, s)
-		if err != nil {
-			return err
-		}
-		t := st.LastToken
-		if st.Lease != nil {
-			t = st.Lease.Token
-		}
-		f.want(s, t, now)
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Pointer[error]
+	)
+	for range min(f.par, len(scopes)) {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(scopes)) && first.Load() == nil; i = next.Add(1) - 1 {
+				st, err := f.c.Get(ctx, scopes[i])
+				if err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+				t := st.LastToken
+				if st.Lease != nil {
+					t = st.Lease.Token
+				}
+				f.want(scopes[i], t, now)
+			}
+		})
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return *err
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/guard"
+	"github.com/fence-dev/fence/guard/boltguard"
 	"github.com/fence-dev/fence/guard/follow"
 	"github.com/fence-dev/fence/internal/server"
 )
@@ -441,4 +442,66 @@ func TestFollowResumes(t *testing.T) {
 func init() {
 	// The servers' goroutines log nothing the tests read.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+}
+
+// TestFollowStartsAfterAnEnd: a lease ends while no follower runs. A
+// follower started afterwards over a store that names its scopes (a
+// guard.Lister: boltguard) closes it; over a store that cannot name them,
+// it stays open until the scope's next event.
+func TestFollowStartsAfterAnEnd(t *testing.T) {
+	ctx := testContext(t)
+	srv := fencetest.NewServer()
+	defer srv.Close()
+	c := srv.Client()
+	defer c.Close()
+	open := func(name string) *boltguard.Store {
+		s, err := boltguard.Open(t.TempDir() + "/" + name + ".db")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	listing, hidden := open("listing"), open("hidden")
+	highest := func(s *boltguard.Store, scope string) uint64 {
+		m, err := s.Highest(scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Token
+	}
+	const scope = "orders/ended"
+	l, err := c.Grant(ctx, scope, client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []guard.Store{listing, hidden} {
+		if err := write(s, scope, l.Token); err != nil {
+			t.Fatalf("the holder's write: %v", err)
+		}
+	}
+	if _, err := c.Release(ctx, scope, l.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// struct{ guard.Store } has Fence only: not a Lister.
+	run(t, follow.New(c, listing, "orders/", follow.WithLogger(quiet)))
+	run(t, follow.New(c, struct{ guard.Store }{hidden}, "orders/", follow.WithLogger(quiet)))
+	waitFor(t, "the follower to close the lease that ended before it started", func() bool {
+		return highest(listing, scope) == l.Token+1
+	})
+	// An event after both started, which both followers record.
+	next, err := c.Grant(ctx, "orders/sentinel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both followers to record a later grant", func() bool {
+		return highest(listing, "orders/sentinel") == next.Token && highest(hidden, "orders/sentinel") == next.Token
+	})
+	if got := highest(hidden, scope); got != l.Token {
+		t.Errorf("the store that names no scope has mark %d for the ended lease, want %d: still open", got, l.Token)
+	}
+	if err := write(listing, scope, l.Token); !errors.Is(err, fence.ErrStale) {
+		t.Errorf("late write over the listing store = %v, want stale", err)
+	}
 }
