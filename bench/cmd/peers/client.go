@@ -119,7 +119,7 @@ const setupBound = 90 * time.Second
 // that releases what setup took.
 func setup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	switch a.system {
-	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle, sysFenced, sysPlain:
+	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle, sysFenceFollowed, sysFenced, sysPlain:
 		return fenceSetup(ctx, a)
 	case sysEtcd:
 		return etcdSetup(ctx, a)

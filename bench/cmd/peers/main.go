@@ -23,9 +23,13 @@
 // without). The systems are fence (fenced with its defaults: raft-wal,
 // fsync on, signed tokens), etcd and Redis, and beside fence, never as a
 // goal's side of a ratio, fence-unsigned (--sign-tokens=false), fence-bolt
-// (--raft-log bolt) and fence-single (renew one lease per call). The doc
-// comments of fenceSetup, etcdSetup, redisSetup and resourceMain say
-// exactly what each system does.
+// (--raft-log bolt), fence-single (renew one lease per call) and
+// fence-followed (lock-cycle and contended: fenced with its defaults and,
+// for the whole cell, a guard/follow Follower of every scope over a
+// guard.MemoryStore, in a process of its own whose CPU counts as the
+// server's; it shows what eager fencing costs the grant path). The doc
+// comments of fenceSetup, etcdSetup, redisSetup, resourceMain and
+// followerMain say exactly what each system does.
 //
 // Each cell (workload, concurrency, system) gets fresh servers with empty
 // data directories, is bounded by BENCH_TIME (default 10s) and by -max-ops
@@ -41,8 +45,8 @@
 //	ratio guarded-write-bbolt 64 fenced/plain=0.97
 //
 // Results go to -out as JSON, with a plot of the lock cycle. The roles of
-// the re-executed processes (client, etcd, resource) are internal; see
-// role.go.
+// the re-executed processes (client, etcd, resource, follower) are
+// internal; see role.go.
 package main
 
 import (
@@ -65,6 +69,8 @@ func main() {
 		err = etcdMain(os.Args[2:])
 	case roleResource:
 		err = resourceMain(os.Args[2:])
+	case roleFollower:
+		err = followerMain(os.Args[2:])
 	case roleScale:
 		err = scaleMain(os.Args[2:])
 	default:

@@ -137,6 +137,7 @@ func printReport(w io.Writer, rep report) {
 			break
 		}
 	}
+	printFollowers(w, rep)
 	fmt.Fprintln(w)
 	// fence's variants, each against fence and etcd: for the reader, never a
 	// goal, so not "ratio" lines.
@@ -164,10 +165,47 @@ func printReport(w io.Writer, rep report) {
 	}
 }
 
+// printFollowers notes what fence-followed's follower did in each cell,
+// medians of the runs, and that its CPU is in the server's column.
+func printFollowers(w io.Writer, rep report) {
+	type key struct {
+		w string
+		c int
+	}
+	var order []key
+	byKey := map[key][]measurement{}
+	for _, m := range rep.Measurements {
+		if m.Follower == nil {
+			continue
+		}
+		k := key{m.Workload, m.Clients}
+		if _, ok := byKey[k]; !ok {
+			order = append(order, k)
+		}
+		byKey[k] = append(byKey[k], m)
+	}
+	if len(order) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s: fenced with its defaults and a guard/follow Follower of every scope over a guard.MemoryStore, in a process of its own; its CPU is counted in the server's.\n", sysFenceFollowed)
+	for _, k := range order {
+		var perOp []float64
+		var maxLag, lag []time.Duration
+		var resyncs uint64
+		for _, m := range byKey[k] {
+			perOp = append(perOp, float64(m.Follower.Advanced)/float64(max(m.Ops, 1)))
+			maxLag, lag = append(maxLag, m.Follower.MaxLag), append(lag, m.Follower.Lag)
+			resyncs += m.Follower.Resyncs
+		}
+		fmt.Fprintf(w, "%s %d %s: %.2f marks advanced an operation, lag at most %s (at the end %s), %d resyncs\n",
+			k.w, k.c, sysFenceFollowed, median(perOp), round(median(maxLag)), round(median(lag)), resyncs)
+	}
+}
+
 // variants are the fence systems that change one thing of fence's, shown
 // beside fence and etcd but never a goal's side of a ratio: the one for
 // which the like-for-like comparison is fence's defaults.
-var variants = []string{sysFenceUnsigned, sysFenceBolt, sysFenceSingle}
+var variants = []string{sysFenceUnsigned, sysFenceBolt, sysFenceSingle, sysFenceFollowed}
 
 // reference returns the system a row is compared with in the table's last
 // column: fence, for a peer's row (etcd's, Redis's), and the fenced
@@ -230,7 +268,7 @@ func plotLockCycle(sums []summary, path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var lines []any
 	lowest := 0.0
-	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt} {
+	for _, sys := range []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt, sysFenceFollowed} {
 		var xys plotter.XYs
 		for _, s := range sums {
 			if s.Workload == wlLockCycle && s.System == sys && s.OpsPerSec > 0 {
@@ -251,6 +289,8 @@ func plotLockCycle(sums []summary, path string) error {
 				label = "fence, unsigned tokens"
 			case sysFenceBolt:
 				label = "fence, raft-boltdb log"
+			case sysFenceFollowed:
+				label = "fence, a follower attached"
 			}
 			lines = append(lines, label, xys)
 		}

@@ -21,6 +21,7 @@ const (
 	roleClient   = "_client"
 	roleEtcd     = "_etcd"
 	roleResource = "_resource"
+	roleFollower = "_follower"
 	readyLine    = "ready"
 )
 

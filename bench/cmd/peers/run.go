@@ -39,14 +39,15 @@ func storeOf(workload string) string {
 }
 
 // The systems. fence is fenced with its defaults; fence-unsigned,
-// fence-bolt and fence-single change one thing each and are never a goal's
-// side of a ratio. fenced and plain are the guarded-write resource with
-// and without its guard.
+// fence-bolt, fence-single and fence-followed change one thing each and
+// are never a goal's side of a ratio. fenced and plain are the
+// guarded-write resource with and without its guard.
 const (
 	sysFence         = "fence"
 	sysFenceUnsigned = "fence-unsigned" // --sign-tokens=false
 	sysFenceBolt     = "fence-bolt"     // --raft-log bolt: raft-boltdb, two fdatasyncs per append
 	sysFenceSingle   = "fence-single"   // renew: one lease per Renew call
+	sysFenceFollowed = "fence-followed" // fenced's defaults, a guard/follow Follower attached (followerMain)
 	sysEtcd          = "etcd"
 	sysRedisAlways   = "redis-always"
 	sysRedisDefault  = "redis-default"
@@ -59,6 +60,7 @@ const (
 var fencedFlags = map[string][]string{
 	sysFence:         nil,
 	sysFenceSingle:   nil,
+	sysFenceFollowed: nil,
 	sysFenceUnsigned: {"--sign-tokens=false"},
 	sysFenceBolt:     {"--raft-log", "bolt"},
 }
@@ -71,13 +73,13 @@ type cell struct {
 }
 
 func allCells() []cell {
-	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt}
+	locks := []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceUnsigned, sysFenceBolt, sysFenceFollowed}
 	gw := []string{sysFenced, sysPlain}
 	return []cell{
 		{wlLockCycle, 1, locks},
 		{wlLockCycle, 16, locks},
 		{wlLockCycle, 64, locks},
-		{wlContended, 64, []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceBolt}},
+		{wlContended, 64, []string{sysFence, sysEtcd, sysRedisAlways, sysRedisDefault, sysFenceBolt, sysFenceFollowed}},
 		{wlRenew, 64, []string{sysFence, sysEtcd, sysFenceSingle}},
 		{guardedWrite(storeBolt), 64, gw},
 		{guardedWrite(storeSQLite), 64, gw},
@@ -105,6 +107,8 @@ type measurement struct {
 	Clients  int    `json:"clients"`
 	System   string `json:"system"`
 	cellResult
+	// Follower is what the follower of a fence-followed cell did.
+	Follower *followerStats `json:"follower,omitempty"`
 }
 
 // fsyncProbe is the disk's own rate: 4 KiB written in place, then
@@ -153,7 +157,7 @@ func runMain(args []string) error {
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
 	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fenced, plain (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fence-followed, fenced, plain (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -239,9 +243,9 @@ func runMain(args []string) error {
 				m.Run = run
 				rep.Measurements = append(rep.Measurements, m)
 				n := time.Duration(max(m.Ops, 1))
-				logf("run %d: %-22s %2d clients %-14s %9.0f ops/s  p50 %-8s p99 %-8s p99.9 %-8s flushes/op %.2f  CPU/op %s + %s  per worker %d-%d %s",
+				logf("run %d: %-22s %2d clients %-14s %9.0f ops/s  p50 %-8s p99 %-8s p99.9 %-8s flushes/op %.2f  CPU/op %s + %s  per worker %d-%d %s%s",
 					run, c.workload, c.clients, sys, rate(m.Ops, m.Elapsed), round(m.P50), round(m.P99), round(m.P999),
-					float64(m.Flushes)/float64(n), round(m.ServerCPU/n), round(m.ClientCPU/n), m.WorkerMin, m.WorkerMax, errNote(m))
+					float64(m.Flushes)/float64(n), round(m.ServerCPU/n), round(m.ClientCPU/n), m.WorkerMin, m.WorkerMax, errNote(m), followerNote(m))
 			}
 		}
 	}
@@ -286,7 +290,9 @@ func reprint(path string) error {
 }
 
 // runCell starts the servers system needs for c, each on a fresh data
-// directory, runs c's client process against them, and stops them.
+// directory, runs c's client process against them, and stops them. Every
+// process it starts counts as the server's in the CPU column: for
+// fence-followed, fenced and the follower together.
 func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (measurement, error) {
 	dir, err := os.MkdirTemp(cfg.data, fmt.Sprintf("peers-%s-%d-%s-", c.workload, c.clients, sys))
 	if err != nil {
@@ -308,10 +314,21 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 		_ = os.Mkdir(d, 0o700)
 		return d
 	}
-	var p *proc
+	var p, follower *proc
+	var followerStatsPath string
 	switch sys {
 	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle:
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", fencedFlags[sys]...)
+	case sysFenceFollowed:
+		// The follower is attached before the load starts and stays until
+		// it ends; it is stopped first.
+		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", fencedFlags[sys]...)
+		if err == nil {
+			procs = append(procs, p)
+			followerStatsPath = filepath.Join(sub("follower"), "stats.json")
+			follower, err = startFollower(filepath.Dir(followerStatsPath), a.addr.fence, followerStatsPath)
+			p = follower
+		}
 	case sysFenced, sysPlain:
 		// The workers take their leases from fenced either way, and send
 		// their tokens either way: only the resource's guard differs.
@@ -359,6 +376,17 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 		return measurement{}, fmt.Errorf("client process output %q: %w", stdout.String(), err)
 	}
 	m.Workload, m.Clients, m.System = c.workload, c.clients, sys
+	if follower != nil {
+		follower.stop()
+		b, err := os.ReadFile(followerStatsPath)
+		if err != nil {
+			return m, fmt.Errorf("follower: %w%s", err, tail(follower.log))
+		}
+		m.Follower = new(followerStats)
+		if err := json.Unmarshal(b, m.Follower); err != nil {
+			return m, fmt.Errorf("follower's figures %q: %w", b, err)
+		}
+	}
 	if m.Ops == 0 {
 		return m, fmt.Errorf("no operation succeeded: %s", m.FirstError)
 	}
@@ -426,6 +454,14 @@ func rate(ops int64, d time.Duration) float64 {
 		return 0
 	}
 	return float64(ops) / d.Seconds()
+}
+
+// followerNote sums up what a fence-followed cell's follower did.
+func followerNote(m measurement) string {
+	if m.Follower == nil {
+		return ""
+	}
+	return fmt.Sprintf("follower: %d marks, lag at most %s, %d resyncs", m.Follower.Advanced, round(m.Follower.MaxLag), m.Follower.Resyncs)
 }
 
 func errNote(m measurement) string {

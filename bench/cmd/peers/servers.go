@@ -209,6 +209,17 @@ func startResource(dir, store string, guarded bool, fencedAddr, pgDSN, redisURL 
 	return p, "http://" + addr, err
 }
 
+// startFollower runs a guard/follow Follower of every scope of the fenced
+// at fencedAddr, over a guard.MemoryStore, in a process of its own
+// (followerMain); it writes its figures to statsPath when it stops.
+func startFollower(dir, fencedAddr, statsPath string) (*proc, error) {
+	cmd, err := reexec(roleFollower, "-fence", fencedAddr, "-stats", statsPath)
+	if err != nil {
+		return nil, err
+	}
+	return start("follower", cmd, filepath.Join(dir, "follower.log"), true, nil)
+}
+
 // startRedis runs redis-server on its defaults, plus the given settings,
 // and checks that the server took them.
 func startRedis(bin, dir string, settings map[string]string) (*proc, string, error) {
