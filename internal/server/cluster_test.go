@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -282,5 +283,109 @@ func TestLeaderHandsOffOnClose(t *testing.T) {
 	})
 	if _, err := c.Renew(ctx, "orders", l.ID); err != nil {
 		t.Fatalf("renewing the lease granted before the hand-off: %v", err)
+	}
+}
+
+// TestReplaceLeader: an operator replaces the leader's own Raft address,
+// here with another name of the address it listens at (as when a node's
+// advertised name changes). hashicorp/raft lets a leader change its own
+// entry in the configuration: it stays leader in the same term, and the
+// cluster keeps granting, tokens rising. Then the leader hands off and
+// stops, and comes back from its data directory advertising the new name,
+// without --join: the new leader reaches it there, as a follower at the
+// address the replace gave.
+func TestReplaceLeader(t *testing.T) {
+	ctx := testContext(t)
+	n1cfg := nodeConfig("n1")
+	n1cfg.DataDir = t.TempDir() // for its restart
+	n1 := startNodeConfig(t, n1cfg)
+	await(ctx, t, "n1 leads", n1.Ready)
+	followers := map[string]*server.Server{}
+	for _, id := range []string{"n2", "n3"} {
+		n := startNode(t, id, n1.Addr())
+		await(ctx, t, id+" follows", func() bool {
+			code, _ := get(t, n.Addr(), "/readyz")
+			return code == http.StatusOK
+		})
+		followers[id] = n
+	}
+	c := newClient(t, n1.Addr()+","+followers["n2"].Addr()+","+followers["n3"].Addr())
+	find := func(ns []client.Node, id string) client.Node {
+		t.Helper()
+		i := slices.IndexFunc(ns, func(n client.Node) bool { return n.ID == id })
+		if i < 0 {
+			t.Fatalf("%s is not among the members %+v", id, ns)
+		}
+		return ns[i]
+	}
+	st, err := c.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Leader != "n1" || len(st.Nodes) != 3 {
+		t.Fatalf("before the replace: %+v; want n1 leading 3 nodes", st)
+	}
+	term := st.Term
+	_, port, err := net.SplitHostPort(find(st.Nodes, "n1").RaftAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alias := "localhost:" + port // the same listener, another name
+
+	var last uint64
+	grant := func(when string) {
+		t.Helper()
+		l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("a grant %s: %v", when, err)
+		}
+		if l.Token <= last {
+			t.Fatalf("a grant %s has token %d, after %d", when, l.Token, last)
+		}
+		last = l.Token
+		if _, err := c.Release(ctx, "orders", l.ID); err != nil {
+			t.Fatalf("the release %s: %v", when, err)
+		}
+	}
+	grant("before the replace")
+
+	nodes, err := c.ReplaceNode(ctx, "n1", alias, n1.Addr())
+	if err != nil {
+		t.Fatalf("replacing the leader's Raft address: %v", err)
+	}
+	if got := find(nodes, "n1").RaftAddr; got != alias {
+		t.Errorf("the answer to the replace has n1 at raft %s; want %s", got, alias)
+	}
+	for range 3 {
+		grant("after the replace")
+	}
+	st, err = c.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := find(st.Nodes, "n1"); st.Leader != "n1" || st.Term != term || n.RaftAddr != alias || n.State != "leader" {
+		t.Fatalf("after the replace: %+v; want n1 still leading in term %d, at raft %s", st, term, alias)
+	}
+
+	// The leader hands off and stops; the others lead and grant.
+	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := n1.Close(closing); err != nil {
+		t.Fatalf("closing n1: %v", err)
+	}
+	await(ctx, t, "n2 or n3 leads", func() bool { return followers["n2"].Ready() || followers["n3"].Ready() })
+	grant("after n1 stopped")
+
+	// n1 again, from its data directory, at the name the replace gave.
+	n1cfg.Bootstrap = false
+	n1cfg.Listen, n1cfg.RaftListen, n1cfg.RaftAdvertise = n1.Addr(), "127.0.0.1:"+port, alias
+	again := startNodeConfig(t, n1cfg)
+	await(ctx, t, "n1 follows at "+alias, func() bool {
+		st, err := newClient(t, again.Addr()).ClusterStatus(ctx)
+		return err == nil && st.Leader != "" && st.Leader != "n1" && find(st.Nodes, "n1").State == "follower" && find(st.Nodes, "n1").RaftAddr == alias
+	})
+	grant("after n1 came back")
+	if _, err := newClient(t, again.Addr()).Grant(ctx, "through-n1"); err != nil {
+		t.Errorf("a grant through n1, forwarded: %v", err)
 	}
 }

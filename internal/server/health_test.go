@@ -23,10 +23,11 @@ func startNode(t testing.TB, id string, join ...string) *server.Server {
 }
 
 // nodeConfig is startNode's configuration, for a test to change first;
-// startNodeConfig gives it a data directory.
+// startNodeConfig gives it a data directory, unless the test names one.
 func nodeConfig(id string, join ...string) server.Config {
 	cfg := server.DefaultConfig()
 	cfg.NodeID = id
+	cfg.DataDir = "" // startNodeConfig makes one, unless the test names one first
 	cfg.Listen = "127.0.0.1:0"
 	cfg.RaftListen = "127.0.0.1:0"
 	cfg.Bootstrap = len(join) == 0
@@ -41,9 +42,13 @@ func nodeConfig(id string, join ...string) server.Config {
 	return cfg
 }
 
+// startNodeConfig starts a server of cfg, in a new data directory unless
+// cfg names one (a restart's), and stops it at the end of the test.
 func startNodeConfig(t testing.TB, cfg server.Config) *server.Server {
 	t.Helper()
-	cfg.DataDir = t.TempDir()
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
 	s, err := server.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
