@@ -3,10 +3,16 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
@@ -147,4 +153,146 @@ func TestVersion(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "fencectl ") || !strings.Contains(r.stdout, "\nrevision: ") || !strings.Contains(r.stdout, "\ngo:       go1.") {
 		t.Errorf("fencectl --version:\n%s", r.stdout)
 	}
+}
+
+// TestClusterAddReplace: through fencectl, against a cluster of three
+// fenced processes, a follower moves with its data directory (killed, and
+// started from it at new API and Raft addresses, without --join). Adding
+// its ID at the new addresses is refused, exit status 2, naming --replace,
+// and changes nothing; with --replace it is accepted, and cluster status
+// shows the node at its new addresses, following, and answering through
+// them. The cluster grants throughout.
+func TestClusterAddReplace(t *testing.T) {
+	t.Parallel()
+	n1 := startFenced(t, "--node-id", "n1", "--raft-listen", freeAddr(t), "--bootstrap")
+	type node struct{ id, api, raft, dir string }
+	joined := map[string]*node{}
+	stop := map[string]func(){}
+	for _, id := range []string{"n2", "n3"} {
+		nd := &node{id, freeAddr(t), freeAddr(t), t.TempDir()}
+		joined[id] = nd
+		stop[id] = runFenced(t, "--node-id", id, "--data-dir", nd.dir, "--listen", nd.api, "--raft-listen", nd.raft, "--join", n1.addr)
+	}
+	s := &fenced{addr: n1.addr + "," + joined["n2"].api + "," + joined["n3"].api}
+	status := func() clusterOutput {
+		t.Helper()
+		var st clusterOutput
+		s.wantJSON(t, 0, &st, "cluster", "status")
+		return st
+	}
+	member := func(st clusterOutput, id string) nodeOutput {
+		for _, n := range st.Nodes {
+			if n.ID == id {
+				return n
+			}
+		}
+		t.Fatalf("%s is not a member: %+v", id, st)
+		return nodeOutput{}
+	}
+	awaitStatus := func(what string, ok func(clusterOutput) bool) clusterOutput {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			st := status()
+			if ok(st) {
+				return st
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not after a minute; cluster status %+v", what, st)
+			}
+		}
+	}
+	st := awaitStatus("three nodes, a leader and two followers", func(st clusterOutput) bool {
+		states := map[string]int{}
+		for _, n := range st.Nodes {
+			states[n.State]++
+		}
+		return len(st.Nodes) == 3 && states["leader"] == 1 && states["follower"] == 2
+	})
+	var last uint64
+	grant := func(when string) {
+		t.Helper()
+		var l leaseOutput
+		s.wantJSON(t, 0, &l, "acquire", "orders", "--ttl", "30s")
+		if l.Token <= last {
+			t.Fatalf("a grant %s has token %d, after %d", when, l.Token, last)
+		}
+		last = l.Token
+		s.want(t, 0, "release", "orders", "--lease", l.LeaseID)
+	}
+	grant("before the move")
+
+	// A follower moves: killed, then started at new addresses.
+	mover := joined["n2"]
+	if st.Leader == "n2" {
+		mover = joined["n3"]
+	}
+	stop[mover.id]()
+	moved := &node{mover.id, freeAddr(t), freeAddr(t), mover.dir}
+	runFenced(t, "--node-id", moved.id, "--data-dir", moved.dir, "--listen", moved.api, "--raft-listen", moved.raft)
+	add := []string{"cluster", "add", moved.id, "--raft-addr", moved.raft, "--api-addr", moved.api}
+
+	r := s.want(t, 2, add...)
+	wantStderr(t, r, "invalid id", fmt.Sprintf("%q is a member with Raft address %s and API address %q", moved.id, mover.raft, mover.api), "--replace")
+	if r.stdout != "" {
+		t.Errorf("a refused add wrote to stdout\n%v", r)
+	}
+	var e errorOutput
+	s.wantJSON(t, 2, &e, add...)
+	if e.Code != "invalid" || e.Field != "id" || e.ExitStatus != 2 {
+		t.Errorf("refused add's error object %+v, want code invalid, field id, exit status 2", e)
+	}
+	if n := member(status(), moved.id); n.APIAddr != mover.api || n.RaftAddr != mover.raft {
+		t.Fatalf("after the refused add %s is at api %s, raft %s; want its old api %s, raft %s", moved.id, n.APIAddr, n.RaftAddr, mover.api, mover.raft)
+	}
+	grant("after the refused add")
+
+	var out struct {
+		Added string       `json:"added"`
+		Nodes []nodeOutput `json:"nodes"`
+	}
+	s.wantJSON(t, 0, &out, append(add, "--replace")...)
+	if n := member(clusterOutput{Nodes: out.Nodes}, moved.id); out.Added != moved.id || n.APIAddr != moved.api || n.RaftAddr != moved.raft {
+		t.Errorf("the replace printed %+v; want %s at api %s, raft %s", out, moved.id, moved.api, moved.raft)
+	}
+	awaitStatus(moved.id+" follows at its new addresses", func(st clusterOutput) bool {
+		n := member(st, moved.id)
+		return n.APIAddr == moved.api && n.RaftAddr == moved.raft && n.State == "follower"
+	})
+	// Through the moved node alone, forwarded to the leader.
+	via := &fenced{addr: moved.api}
+	r = via.want(t, 0, "cluster", "status")
+	if !regexp.MustCompile(`(?m)^` + moved.id + ` +follower +` + regexp.QuoteMeta(moved.api) + ` +` + regexp.QuoteMeta(moved.raft) + ` `).MatchString(r.stdout) {
+		t.Errorf("cluster status through %s:\n%s", moved.id, r.stdout)
+	}
+	s = &fenced{addr: moved.api + "," + n1.addr}
+	grant("after the replace")
+	// Adding it again at its new addresses changes nothing.
+	s.want(t, 0, add...)
+}
+
+// runFenced runs fenced with args, which name its data directory and
+// addresses, until the returned stop, or the end of the test, kills it.
+// Unlike startFenced it does not wait for fenced to answer: a node that
+// moved has no leader until it is replaced. Its log is shown if the test
+// fails.
+func runFenced(t *testing.T, args ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var log bytes.Buffer
+	cmd := exec.CommandContext(ctx, fencedBin, append([]string{"--max-ttl", maxTTL.String(), "--sign-tokens=false"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = sync.OnceFunc(func() {
+		cancel()
+		_ = cmd.Wait() // killed; its output copied
+	})
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("fenced %q log:\n%s", args, log.String())
+		}
+	})
+	return stop
 }
