@@ -7,6 +7,7 @@
 
 import { FenceError, InvalidError } from "./errors.js";
 import type { Lease } from "./client.js";
+import type { MarkAdvancer } from "./follow.js";
 import { presentedToken, staleFromFields, type Presented } from "./presented.js";
 import { report, type RejectionReporter } from "./report.js";
 
@@ -112,3 +113,23 @@ function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionRepo
   return stale;
 }
 
+/**
+ * pgMarkAdvancer advances marks in PostgreSQL for a Follower, with the
+ * writers' own check: each advance is one statement, SELECT
+ * "SCHEMA".fence_advance(scope, token, 0), its own transaction, which moves
+ * the mark up and never back (a mark already past answers FN409, which
+ * counts as done). db is a pg Pool, or a connection of its own on which no
+ * transaction is left open; opts.schema is as for pgAdvance.
+ */
+export function pgMarkAdvancer(db: Queryable, opts: Pick<PgOptions, "schema"> = {}): MarkAdvancer {
+  const fn = pgFunction("fence_advance", opts); // a bad schema fails here
+  return {
+    async advance(scope, token) {
+      try {
+        await db.query(`SELECT ${fn}($1::text, $2::bigint, 0)`, [scope, token.toString()]);
+      } catch (err) {
+        throw pgError(err, undefined, undefined);
+      }
+    },
+  };
+}

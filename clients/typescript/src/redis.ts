@@ -7,6 +7,7 @@
 
 import { FenceError, InvalidError } from "./errors.js";
 import type { Lease } from "./client.js";
+import type { MarkAdvancer } from "./follow.js";
 import { presentedToken, staleFromFields, type Presented } from "./presented.js";
 import { report, type RejectionReporter } from "./report.js";
 
@@ -94,3 +95,26 @@ function redisError(err: unknown, lease: Lease | undefined, reporter: RejectionR
   return stale;
 }
 
+/**
+ * FOLLOW_KEY is the name, under each scope's tag, of the key a
+ * redisMarkAdvancer deletes to advance the scope's mark: "{SCOPE}:" +
+ * FOLLOW_KEY. The library has no advance without a write, and deleting a
+ * key nobody writes is the write that changes nothing. Do not store data
+ * under it.
+ */
+export const FOLLOW_KEY = "fence-follow:none";
+
+/**
+ * redisMarkAdvancer advances marks in Redis for a Follower, with the
+ * writers' own check: FCALL fence_del on the mark fence:{SCOPE} and the key
+ * dataKey(scope, FOLLOW_KEY), which moves the mark up and never back (a mark
+ * already past answers STALE, which counts as done) and deletes a key that
+ * does not exist.
+ */
+export function redisMarkAdvancer(redis: RedisLike): MarkAdvancer {
+  return {
+    async advance(scope, token) {
+      await fcall(redis, "fence_del", { version: 1, scope, value: token }, [dataKey(scope, FOLLOW_KEY)], [], {});
+    },
+  };
+}

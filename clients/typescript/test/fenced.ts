@@ -155,3 +155,10 @@ export function serverURL(name: string): string | undefined {
   }
   return undefined;
 }
+
+/** until polls cond every 10 ms until it holds, or fails after 20 s. */
+export async function until(what: string, cond: () => Promise<boolean> | boolean): Promise<void> {
+  for (const end = performance.now() + 20_000; !(await cond()); await new Promise((r) => setTimeout(r, 10))) {
+    if (performance.now() > end) throw new Error(`${what}: not within 20s`);
+  }
+}

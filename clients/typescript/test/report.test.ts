@@ -27,7 +27,7 @@ import {
   type Lease,
   type WatchEvent,
 } from "../src/index.js";
-import { installGuard, metric, reportedOnStatusPage, rpc, serverURL, startFenced } from "./fenced.js";
+import { installGuard, metric, reportedOnStatusPage, rpc, serverURL, startFenced, until } from "./fenced.js";
 
 const pgURL = serverURL("FENCE_TEST_POSTGRES");
 const redisURL = serverURL("FENCE_TEST_REDIS");
@@ -39,12 +39,6 @@ const run = randomUUID().slice(0, 8);
 const REPORTED = "fence_stale_rejections_reported_total";
 const DROPPED = "fence_stale_rejections_dropped_total";
 
-/** until polls cond every 20 ms until it holds, or fails after 10 s. */
-async function until(what: string, cond: () => Promise<boolean> | boolean): Promise<void> {
-  for (const end = performance.now() + 10_000; !(await cond()); await new Promise((r) => setTimeout(r, 20))) {
-    if (performance.now() > end) assert.fail(`${what}: not within 10s`);
-  }
-}
 
 /** takeOver releases first at fenced behind its back and grants the scope to a second holder. */
 async function takeOver(first: Lease): Promise<Lease> {
