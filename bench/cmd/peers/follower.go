@@ -28,6 +28,10 @@ type followerStats struct {
 	// time it was ready until it stopped; Lag is the last.
 	MaxLag time.Duration `json:"max_lag_ns"`
 	Lag    time.Duration `json:"lag_ns"`
+	// CPU is the follower process's own CPU time, from its start to its
+	// stop: a little more than the measured time's (the server column has
+	// it together with fenced's), to tell the two apart.
+	CPU time.Duration `json:"cpu_ns"`
 }
 
 // followerMain runs guard/follow's Follower for every scope (prefix "")
@@ -126,7 +130,7 @@ func followerMain(args []string) error {
 	}
 	st.Lag = f.Lag()
 	st.MaxLag = max(st.MaxLag, st.Lag)
-	st.Advanced, st.Resyncs = f.Advanced(), f.Resyncs()
+	st.Advanced, st.Resyncs, st.CPU = f.Advanced(), f.Resyncs(), selfCPU()
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err

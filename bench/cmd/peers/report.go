@@ -190,15 +190,17 @@ func printFollowers(w io.Writer, rep report) {
 	fmt.Fprintf(w, "\n%s: fenced with its defaults and a guard/follow Follower of every scope over a guard.MemoryStore, in a process of its own; its CPU is counted in the server's.\n", sysFenceFollowed)
 	for _, k := range order {
 		var perOp []float64
-		var maxLag, lag []time.Duration
+		var maxLag, lag, cpu []time.Duration
 		var resyncs uint64
 		for _, m := range byKey[k] {
-			perOp = append(perOp, float64(m.Follower.Advanced)/float64(max(m.Ops, 1)))
+			n := max(m.Ops, 1)
+			perOp = append(perOp, float64(m.Follower.Advanced)/float64(n))
 			maxLag, lag = append(maxLag, m.Follower.MaxLag), append(lag, m.Follower.Lag)
+			cpu = append(cpu, m.Follower.CPU/time.Duration(n))
 			resyncs += m.Follower.Resyncs
 		}
-		fmt.Fprintf(w, "%s %d %s: %.2f marks advanced an operation, lag at most %s (at the end %s), %d resyncs\n",
-			k.w, k.c, sysFenceFollowed, median(perOp), round(median(maxLag)), round(median(lag)), resyncs)
+		fmt.Fprintf(w, "%s %d %s: %.2f marks advanced an operation, lag at most %s (at the end %s), %d resyncs; the follower's own CPU %s an operation\n",
+			k.w, k.c, sysFenceFollowed, median(perOp), round(median(maxLag)), round(median(lag)), resyncs, round(median(cpu)))
 	}
 }
 

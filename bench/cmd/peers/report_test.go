@@ -59,7 +59,7 @@ func TestReportRatios(t *testing.T) {
 		add(run+1, wlLockCycle, 64, sysFenceUnsigned, 9000, 140, 150)
 		add(run+1, wlLockCycle, 64, sysFenceFollowed, 5400, 80, 90)
 		m := &rep.Measurements[len(rep.Measurements)-1]
-		m.Follower = &followerStats{Advanced: uint64(10_000 + run*800), MaxLag: time.Duration(run+1) * time.Millisecond}
+		m.Follower = &followerStats{Advanced: uint64(10_000 + run*800), MaxLag: time.Duration(run+1) * time.Millisecond, CPU: 54 * time.Millisecond}
 		add(run+1, wlContended, 64, sysRedisAlways, 2000, int64(run), 100)
 		add(run+1, guardedWrite(storeBolt), 64, sysFenced, 1900, 30, 30)
 		add(run+1, guardedWrite(storeBolt), 64, sysPlain, 2000, 30, 31)
@@ -88,7 +88,7 @@ func TestReportRatios(t *testing.T) {
 		"lock-cycle 64 fence-unsigned/fence=1.50\n",
 		"lock-cycle 64 fence-followed/fence=0.90\n",
 		// 10,000, 10,800 and 11,600 marks over 5,400 operations each.
-		"lock-cycle 64 fence-followed: 2.00 marks advanced an operation, lag at most 2ms (at the end 0s), 0 resyncs\n",
+		"lock-cycle 64 fence-followed: 2.00 marks advanced an operation, lag at most 2ms (at the end 0s), 0 resyncs; the follower's own CPU 10µs an operation\n",
 		"| 90–100 (1.11) |",
 		// Runs 1 to 3 had 0, 1 and 2 for the least served worker: the
 		// median spread is 100/1.

@@ -461,7 +461,8 @@ func followerNote(m measurement) string {
 	if m.Follower == nil {
 		return ""
 	}
-	return fmt.Sprintf("follower: %d marks, lag at most %s, %d resyncs", m.Follower.Advanced, round(m.Follower.MaxLag), m.Follower.Resyncs)
+	return fmt.Sprintf("follower: %d marks, lag at most %s, %d resyncs, CPU %s/op", m.Follower.Advanced, round(m.Follower.MaxLag), m.Follower.Resyncs,
+		round(m.Follower.CPU/time.Duration(max(m.Ops, 1))))
 }
 
 func errNote(m measurement) string {
