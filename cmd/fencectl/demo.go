@@ -23,6 +23,7 @@ import (
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/boltguard"
+	"github.com/fence-dev/fence/guard/follow"
 	"github.com/fence-dev/fence/guard/guardreport"
 	"github.com/fence-dev/fence/guard/httpguard"
 	"github.com/fence-dev/fence/guard/sqlguard"
@@ -46,8 +47,20 @@ fencing-token story:
            B acquires and writes, then A's delayed write arrives.
 
 It plays both with the guard on (A's writes are rejected, B's value stays)
-and off (A's write lands: a lost update). The exit status is 0 only if,
-with the guard on, every stale write was rejected.
+and off (A's write lands: a lost update). Then, with the guard on, a third
+timeline, in which nobody else writes:
+
+  late:    A acquires and writes, sends a write that the network holds back,
+           A's lease expires, then A's delayed write arrives.
+
+Without a follower, the guard has seen no token above A's, so the late
+write is ACCEPTED: the window between the end of a lease and the next
+holder's first write. With a follower (guard/follow, as fencectl guard
+follow runs for the guards inside a database), the service's closing
+token, which ended A's lease and is granted to nobody, is already the
+register's mark, and the late write is REFUSED. The exit status is 0 only
+if, with the guard on, every stale write was rejected, the late one with
+a follower included.
 
 With --addr, the leases come from the fenced (or cluster) at that address
 instead, in scopes under demo/ (with --ca, --cert, --key and --auth-token
@@ -100,6 +113,8 @@ type registerStore interface {
 	// apply received ctx, if there is one, else in a transaction of its own.
 	put(ctx context.Context, scope, value string) error
 	get(scope string) string
+	// mark is the highest token the guard's store holds for scope.
+	mark(scope string) uint64
 	close()
 	// name is the database's name; guardName, the guard package that
 	// keeps its marks.
@@ -191,6 +206,11 @@ func (r sqliteRegister) get(scope string) string {
 	return v
 }
 
+func (r sqliteRegister) mark(scope string) uint64 {
+	m, _ := r.Highest(context.Background(), scope)
+	return m.Token
+}
+
 func (r sqliteRegister) close() { r.Close(); r.DB().Close() }
 
 func (sqliteRegister) name() string      { return "SQLite" }
@@ -232,6 +252,11 @@ func (r boltRegister) get(scope string) string {
 		return nil
 	})
 	return v
+}
+
+func (r boltRegister) mark(scope string) uint64 {
+	m, _ := r.Highest(scope)
+	return m.Token
 }
 
 func (r boltRegister) close() { r.Close() }
@@ -282,8 +307,26 @@ func runDemo(ctx context.Context, w io.Writer, c *client.Client, open func(dir s
 			}
 		}
 	}
+	var lateAccepted bool
+	for _, followed := range []bool{false, true} {
+		refused, err := playLate(ctx, w, c, open, followed, rep)
+		if err != nil {
+			rep.Close(ctx)
+			return false, err
+		}
+		if followed && !refused {
+			ok = false
+		}
+		if !followed {
+			lateAccepted = !refused
+		}
+	}
+	fmt.Fprintln(w)
 	if ok {
-		fmt.Fprintln(w, "With the guard on, every stale write was rejected.")
+		fmt.Fprintln(w, "With the guard on, every stale write was rejected: those of a superseded token, and with a follower the late write of an ended lease.")
+	}
+	if lateAccepted {
+		fmt.Fprintln(w, "Without a follower, the ended lease's late write was ACCEPTED: nobody had written since, so the guard knew no newer token (the window a follower closes).")
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -302,31 +345,86 @@ type rejectionCount struct{ n atomic.Int64 }
 func (*rejectionCount) Accepted(string)              { /* only refusals are counted */ }
 func (r *rejectionCount) Rejected(*guard.StaleError) { r.n.Add(1) }
 
-func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), story string, guarded bool, obs guard.Observer) (bool, error) {
+// demoTTL is the TTL of the leases A holds and does not renew.
+const demoTTL = time.Second
+
+// stage is one story's register, in a database of its own, and the
+// timeline it is told on.
+type stage struct {
+	ctx   context.Context
+	dir   string
+	store registerStore
+	reg   *register
+	scope string
+	t     *timeline
+}
+
+// newStage opens a register for the story in a temporary directory and
+// prints the story's header; close removes it all.
+func newStage(ctx context.Context, w io.Writer, open func(dir string) (registerStore, error), scope, story string, guarded bool, obs guard.Observer) (*stage, error) {
 	dir, err := tempDir()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	defer removeAll(dir)
 	store, err := open(dir)
 	if err != nil {
-		return false, err
+		removeAll(dir)
+		return nil, err
 	}
 	reg, err := newRegister(store, guarded, obs)
 	if err != nil {
 		store.close()
-		return false, err
+		removeAll(dir)
+		return nil, err
 	}
-	defer reg.close()
-	scope := fmt.Sprintf("demo/%s-%v", story, map[bool]string{true: "guarded", false: "unguarded"}[guarded])
-	mode, register := "guard ON", store.name()+" via "+store.guardName()
+	register := store.name() + " via " + store.guardName()
 	if !guarded {
 		// The same database, but no guard reads or moves its marks.
-		mode, register = "guard OFF", store.name()+", unguarded"
+		register = store.name() + ", unguarded"
 	}
-	fmt.Fprintf(w, "\n== %s story, %s (%s; register in %s)\n", story, mode, scope, register)
-	t := &timeline{w: w, start: time.Now()}
-	const ttl = time.Second
+	fmt.Fprintf(w, "\n== %s (%s; register in %s)\n", story, scope, register)
+	return &stage{ctx: ctx, dir: dir, store: store, reg: reg, scope: scope, t: &timeline{w: w, start: time.Now()}}, nil
+}
+
+func (st *stage) close() { st.reg.close(); removeAll(st.dir) }
+
+// send writes body to the register's scope with l's token; hold, if not
+// nil, holds the request back first, like a slow network.
+func (st *stage) send(l *demoLease, body string, hold func()) (int, error) {
+	var rt http.RoundTripper = httpguard.NewTransport(l, nil)
+	if hold != nil {
+		rt = delayed{rt, hold}
+	}
+	req, _ := http.NewRequestWithContext(st.ctx, http.MethodPut, st.reg.srv.URL+"/"+st.scope, strings.NewReader(body))
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// verdict says what the register answered a write of pause and delay.
+func verdict(code int) string {
+	if code == http.StatusConflict {
+		return "409 rejected as stale"
+	}
+	return fmt.Sprintf("%d accepted", code)
+}
+
+func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), story string, guarded bool, obs guard.Observer) (bool, error) {
+	scope := fmt.Sprintf("demo/%s-%v", story, map[bool]string{true: "guarded", false: "unguarded"}[guarded])
+	mode := "guard ON"
+	if !guarded {
+		mode = "guard OFF"
+	}
+	st, err := newStage(ctx, w, open, scope, story+" story, "+mode, guarded, obs)
+	if err != nil {
+		return false, err
+	}
+	defer st.close()
+	t, send, reg := st.t, st.send, st.reg
+	const ttl = demoTTL
 
 	la, err := c.Grant(ctx, scope, client.WithTTL(ttl), client.WithHolder("A"))
 	if err != nil {
@@ -335,32 +433,12 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 	a := &demoLease{Lease: la}
 	t.say("A", "acquires %s -> token %d", scope, la.Token)
 
-	send := func(l *demoLease, body string, delay time.Duration) (int, error) {
-		var rt http.RoundTripper = httpguard.NewTransport(l, nil)
-		if delay > 0 {
-			rt = delayed{rt, delay}
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, reg.srv.URL+"/"+scope, strings.NewReader(body))
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			return 0, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-	verdict := func(code int) string {
-		if code == http.StatusConflict {
-			return "409 rejected as stale"
-		}
-		return fmt.Sprintf("%d accepted", code)
-	}
-
 	var delayedDone chan int
 	if story == "delay" {
 		t.say("A", "sends write(%d); the network holds the packet back", la.Token)
 		delayedDone = make(chan int, 1)
 		go func() {
-			code, _ := send(a, "written by A", 2*ttl)
+			code, _ := send(a, "written by A", func() { time.Sleep(2 * ttl) })
 			delayedDone <- code
 		}()
 	} else {
@@ -372,7 +450,7 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 	}
 	t.say("", "A's lease expires")
 	t.say("B", "acquires %s -> token %d", scope, b.Token)
-	code, err := send(&demoLease{Lease: b}, "written by B", 0)
+	code, err := send(&demoLease{Lease: b}, "written by B", nil)
 	if err != nil {
 		return false, err
 	}
@@ -383,7 +461,7 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 		stale = <-delayedDone
 		t.say("A", "delayed write(%d) arrives -> %s", la.Token, verdict(stale))
 	} else {
-		stale, err = send(a, "written by A", 0)
+		stale, err = send(a, "written by A", nil)
 		if err != nil {
 			return false, err
 		}
@@ -402,14 +480,119 @@ func playStory(ctx context.Context, w io.Writer, c *client.Client, open func(dir
 	return stale == http.StatusConflict && final == "written by B", nil
 }
 
-// delayed holds a request back before sending it, like a slow network.
+// playLate plays the late story with the guard on, with a follower of
+// the register's marks or without, and returns whether A's late write was
+// refused.
+func playLate(ctx context.Context, w io.Writer, c *client.Client, open func(dir string) (registerStore, error), followed bool, obs guard.Observer) (bool, error) {
+	scope, title := "demo/late-unfollowed", "late story, guard ON, no follower"
+	if followed {
+		scope, title = "demo/late-followed", "late story, guard ON, with a follower"
+	}
+	st, err := newStage(ctx, w, open, scope, title, true, obs)
+	if err != nil {
+		return false, err
+	}
+	defer st.close()
+	t := st.t
+	// waitFor polls cond every 5 ms for up to d.
+	waitFor := func(d time.Duration, cond func() bool) bool {
+		for deadline := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return false
+			}
+		}
+		return true
+	}
+
+	var f *follow.Follower
+	if followed {
+		f = follow.New(c, st.store, scope, follow.WithLogger(slog.New(slog.DiscardHandler)))
+		fctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- f.Run(fctx) }()
+		defer func() { stop(); <-done }()
+		// It sees the grant below, and the end, once the service has
+		// taken its watch.
+		if !waitFor(10*time.Second, func() bool { return f.Position() != 0 }) {
+			_, err := f.LastError()
+			return false, fmt.Errorf("demo: the follower could not watch %s: %v", scope, err)
+		}
+		t.say("F", "follows %s: moves the register's mark at each grant and each end of a lease (guard/follow)", scope)
+	}
+
+	la, err := c.Grant(ctx, scope, client.WithTTL(demoTTL), client.WithHolder("A"))
+	if err != nil {
+		return false, err
+	}
+	a := &demoLease{Lease: la}
+	t.say("A", "acquires %s -> token %d", scope, la.Token)
+	code, err := st.send(a, "written by A while it held the lease", nil)
+	if err != nil {
+		return false, err
+	}
+	t.say("A", "writes with token %d -> %s", la.Token, verdict(code))
+
+	t.say("A", "sends write(%d); the network holds the packet back", la.Token)
+	arrive := make(chan struct{})
+	delayedDone := make(chan int, 1)
+	go func() {
+		code, _ := st.send(a, "late write by A", func() { <-arrive })
+		delayedDone <- code
+	}()
+	var closing uint64
+	ended := waitFor(30*time.Second, func() bool {
+		s, err := c.Get(ctx, scope)
+		if err != nil || s.Lease != nil {
+			return false
+		}
+		closing = s.LastToken
+		return true
+	})
+	if !ended {
+		close(arrive)
+		<-delayedDone
+		return false, fmt.Errorf("demo: A's lease of %s did not end within 30s", scope)
+	}
+	if closing > la.Token {
+		t.say("", "A's lease expires; the service closes token %d with token %d, granted to nobody", la.Token, closing)
+	} else {
+		t.say("", "A's lease expires; the service closes no token (its log format is below 8)")
+	}
+	if followed {
+		if closing > la.Token && waitFor(10*time.Second, func() bool { return st.store.mark(scope) >= closing }) {
+			t.say("F", "advances the register's mark for %s to the closing token %d", scope, closing)
+		} else {
+			t.say("F", "has not advanced the register's mark past %d (lag %s)", st.store.mark(scope), dur(f.Lag()))
+		}
+	}
+	// The packet arrives a moment after the end; nobody else acquired
+	// the scope, nobody else wrote.
+	time.Sleep(200 * time.Millisecond)
+	close(arrive)
+	late := <-delayedDone
+	if late == http.StatusConflict {
+		t.say("A", "delayed write(%d) arrives, nobody else has written -> 409 REFUSED as stale: the register's mark is the closing token %d", la.Token, st.store.mark(scope))
+	} else {
+		t.say("A", "delayed write(%d) arrives, nobody else has written -> %d ACCEPTED after A's lease expired: the guard has seen no token above %d", la.Token, late, st.store.mark(scope))
+	}
+	final := st.reg.value(scope)
+	fmt.Fprintf(w, "  final value: %q", final)
+	if final == "late write by A" {
+		fmt.Fprint(w, "  <- THE WINDOW: a write of an expired lease landed")
+	}
+	fmt.Fprintln(w)
+	return late == http.StatusConflict && final != "late write by A", nil
+}
+
+// delayed holds a request back before sending it, like a slow network:
+// until hold returns.
 type delayed struct {
-	next  http.RoundTripper
-	delay time.Duration
+	next http.RoundTripper
+	hold func()
 }
 
 func (d delayed) RoundTrip(r *http.Request) (*http.Response, error) {
-	time.Sleep(d.delay)
+	d.hold()
 	return d.next.RoundTrip(r)
 }
 
