@@ -257,10 +257,11 @@ func TestGuardFollowListen(t *testing.T) {
 	if lag := metric("fence_follow_lag_seconds"); lag != 0 {
 		t.Errorf("fence_follow_lag_seconds = %v once the closing is recorded, want 0", lag)
 	}
-	if n := metric("fence_follow_resyncs_total"); n != 1 {
+	if n := metric("fence_follow_resyncs_total"); n > 1 {
 		// Its watch never started before fenced was up: what it could
-		// have missed is read from the state, once.
-		t.Errorf("fence_follow_resyncs_total = %v, want 1", n)
+		// have missed is read from the state, once at the most (a store
+		// that lists its scopes may count that first read or not).
+		t.Errorf("fence_follow_resyncs_total = %v, want at most 1", n)
 	}
 	page = status()
 	for _, want := range []string{"state           following\n", fmt.Sprintf("marks advanced  %d\n", int(metric("fence_follow_marks_advanced_total"))), fmt.Sprintf("watch position  %d\n", int(metric("fence_follow_watch_position")))} {
