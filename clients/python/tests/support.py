@@ -73,8 +73,11 @@ class Fenced:
         return "".join(self._log)
 
     def start(self) -> "Fenced":
+        # After a restart, the address it had: its clients find it again.
+        listen = self.url[len("http://"):] if self.url else "127.0.0.1:0"
+        self.url = ""
         self.proc = subprocess.Popen(
-            [go_bin("fenced"), "--data-dir", os.path.join(self.dir, "data"), "--listen", "127.0.0.1:0", *self.args],
+            [go_bin("fenced"), "--data-dir", os.path.join(self.dir, "data"), "--listen", listen, *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         found = threading.Event()
@@ -107,7 +110,14 @@ class Fenced:
         self.stop()
         raise AssertionError(f"fenced at {self.url} never became ready:\n{self.log()}")
 
-    def stop(self) -> None:
+    def restart(self) -> "Fenced":
+        """restart stops fenced and starts it again on the same address with
+        the same data: a new term, whose leader holds no events of the old
+        one."""
+        self.stop(keep_data=True)
+        return self.start()
+
+    def stop(self, keep_data: bool = False) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -118,7 +128,8 @@ class Fenced:
         if self.proc is not None and self.proc.stderr is not None:
             self._reader.join(10)
             self.proc.stderr.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def rpc(self, method: str, body: Dict[str, Any]) -> Tuple[int, Any]:
         """rpc calls a LeaseService method directly, for what the client does
@@ -191,3 +202,85 @@ def needs_cryptography(test):
             return test
         return unittest.skip("cryptography is not installed (Debian: python3-cryptography)")(test)
     return test
+
+
+class Proxy:
+    """Proxy forwards TCP connections on a loopback port of its own to a
+    backend ("host:port"); cut() breaks every connection and refuses new
+    ones until mend(). The way to cut a client off from fenced without
+    stopping fenced."""
+
+    def __init__(self, backend: str):
+        import socket
+
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._cut = False
+        self._conns: list = []
+        self._ln = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self._ln.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while True:
+            try:
+                inc, _ = self._ln.accept()
+            except OSError:
+                return
+            with self._lock:
+                cut, backend = self._cut, self.backend
+            if cut:
+                inc.close()
+                continue
+            host, port = backend.rsplit(":", 1)
+            try:
+                out = socket.create_connection((host, int(port)), timeout=5)
+                out.settimeout(None)
+            except OSError:
+                inc.close()
+                continue
+            with self._lock:
+                self._conns += [inc, out]
+            for a, b in ((inc, out), (out, inc)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        import socket
+
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        import socket
+
+        with self._lock:
+            self._cut = True
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def mend(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self.cut()
+        self._ln.close()

@@ -13,21 +13,23 @@ guards take the caller's psycopg2 connection or redis-py client. The
 protocol it implements is docs/protocol.md in fence's repository.
 """
 
-from .client import MAX_REPORT, Client, Lease, Rejection, Reporter
+from .client import MAX_REPORT, Client, HeldLease, Lease, Rejection, Reporter, ScopeState
 from .errors import (
     FenceError,
     HeldError,
     InvalidError,
     LostError,
+    MissedEventsError,
     MissingCryptographyError,
     NotHolderError,
     StaleError,
     UnavailableError,
     WaitTimeoutError,
 )
+from .follow import Follower, MarkStore
 from .keys import KeySet, RemoteKeySet, have_cryptography
-from .pgguard import pg_advance, pg_fenced
-from .redisguard import data_key, mark_key, redis_del, redis_hset, redis_incrby, redis_set
+from .pgguard import PgMarks, pg_advance, pg_fenced
+from .redisguard import RedisMarks, data_key, mark_key, redis_del, redis_hset, redis_incrby, redis_set
 from .token import (
     MAX_SCOPE_LEN,
     MAX_TOKEN,
@@ -39,12 +41,14 @@ from .token import (
     signed_payload,
     validate_scope,
 )
+from .watch import EVENT_KINDS, Event, Watch
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Lease", "Rejection", "Reporter", "MAX_REPORT",
-    "FenceError", "HeldError", "InvalidError", "LostError", "MissingCryptographyError",
+    "Client", "Lease", "HeldLease", "ScopeState", "Rejection", "Reporter", "MAX_REPORT",
+    "Event", "Watch", "EVENT_KINDS", "Follower", "MarkStore", "PgMarks", "RedisMarks",
+    "FenceError", "HeldError", "InvalidError", "LostError", "MissedEventsError", "MissingCryptographyError",
     "NotHolderError", "StaleError", "UnavailableError", "WaitTimeoutError",
     "KeySet", "RemoteKeySet", "have_cryptography",
     "pg_advance", "pg_fenced",

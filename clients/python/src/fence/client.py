@@ -23,20 +23,24 @@ import urllib.request
 import weakref
 from datetime import datetime, timezone
 from http.client import HTTPException
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .errors import (
     FenceError,
     HeldError,
     InvalidError,
     LostError,
+    MissedEventsError,
     NotHolderError,
     StaleError,
     UnavailableError,
     WaitTimeoutError,
 )
 
-__all__ = ["Client", "Lease", "Rejection", "Reporter", "MAX_REPORT"]
+if TYPE_CHECKING:
+    from .watch import Watch
+
+__all__ = ["Client", "Lease", "HeldLease", "ScopeState", "Rejection", "Reporter", "MAX_REPORT"]
 
 _SERVICE = "fence.v1.LeaseService"
 
@@ -57,6 +61,60 @@ class _Info:
         self.lease_id: str = lease["leaseId"]
         self.holder: str = lease.get("holder", "")
         self.ttl: float = _parse_duration(lease.get("ttl"))
+
+
+class HeldLease:
+    """HeldLease is a lease as Get, List and everyone but its holder see it:
+    no lease ID, and the token's unsigned text form. token is an exact int;
+    ttl and expires_in (as the service saw it when it answered) are
+    seconds; granted_at is the service's wall clock, in seconds since the
+    epoch."""
+
+    __slots__ = ("scope", "token", "holder", "ttl", "expires_in", "granted_at", "token_text")
+
+    def __init__(self, scope: str, token: int, holder: str = "", ttl: float = 0.0,
+                 expires_in: float = 0.0, granted_at: float = 0.0, token_text: str = ""):
+        self.scope = scope
+        self.token = token
+        self.holder = holder
+        self.ttl = ttl
+        self.expires_in = expires_in
+        self.granted_at = granted_at
+        self.token_text = token_text
+
+    @classmethod
+    def _of(cls, d: Dict[str, Any]) -> "HeldLease":
+        from .watch import _parse_time
+
+        scope = d.get("scope", "")
+        token = int(d.get("token", "0"))
+        return cls(scope, token, d.get("holder", ""), _parse_duration(d.get("ttl")),
+                   _parse_duration(d.get("expiresIn")), _parse_time(d.get("grantedAt")),
+                   d.get("tokenText") or f"fence:v1:{scope}:{token}")
+
+    def __repr__(self) -> str:
+        return f"<fence.HeldLease {self.scope} token={self.token} holder={self.holder!r}>"
+
+
+class ScopeState:
+    """ScopeState is what Get reports of a scope: lease, its current lease
+    (None when it is free); last_token, at or above every token the scope
+    was issued and below its next (a free scope's is the closing token of
+    its last lease, from log format 8 on, or a token floor set since; a
+    scope never granted has the floor); waiters, the acquires in its
+    line."""
+
+    __slots__ = ("scope", "lease", "last_token", "waiters")
+
+    def __init__(self, scope: str, lease: Optional[HeldLease], last_token: int, waiters: int = 0):
+        self.scope = scope
+        self.lease = lease
+        self.last_token = last_token
+        self.waiters = waiters
+
+    def __repr__(self) -> str:
+        held = f"held token={self.lease.token}" if self.lease else "free"
+        return f"<fence.ScopeState {self.scope} {held} last_token={self.last_token}>"
 
 
 def _duration_text(seconds: float) -> str:
@@ -127,6 +185,8 @@ def _from_connect(body: Dict[str, Any]) -> FenceError:
         return UnavailableError(msg, code)
     if code == "deadline_exceeded":
         return WaitTimeoutError(msg, code)
+    if code == "out_of_range":
+        return MissedEventsError(msg, code)
     return FenceError(msg, code)
 
 
@@ -305,6 +365,67 @@ class Client:
         lease._start()
         return lease
 
+    def get(self, scope: str, timeout: Optional[float] = None) -> ScopeState:
+        """get reports scope (Get): its current lease, if any, its last token
+        and its waiters. Anyone may call it; the lease comes without its ID."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        body, _, _ = self._call("get", scope, "Get", {"scope": scope}, deadline=deadline)
+        lease = body.get("lease")
+        return ScopeState(
+            body.get("scope", scope),
+            HeldLease._of(lease) if isinstance(lease, dict) else None,
+            int(body.get("lastToken", "0")),
+            int(body.get("waiters", 0)),
+        )
+
+    def list(self, prefix: str = "", page_size: int = 0, timeout: Optional[float] = None) -> List[HeldLease]:
+        """list reports the leases held on the scopes starting with prefix
+        ("" for all) in scope order (List), reading every page (page_size
+        leases an answer; 0, the service's 1000)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: List[HeldLease] = []
+        page = ""
+        while True:
+            req: Dict[str, Any] = {"prefix": prefix}
+            if page_size:
+                req["pageSize"] = int(page_size)
+            if page:
+                req["pageToken"] = page
+            body, _, _ = self._call("list", prefix, "List", req, deadline=deadline)
+            out += [HeldLease._of(d) for d in body.get("leases") or [] if isinstance(d, dict)]
+            page = body.get("nextPageToken") or ""
+            if not page:
+                return out
+
+    def watch(
+        self,
+        prefix: str = "",
+        start_position: int = 0,
+        include_held: bool = False,
+        progress: Optional[Callable[[int], None]] = None,
+        health_interval: float = 2.0,
+    ) -> "Watch":
+        """watch streams the lease events of the scopes starting with prefix
+        ("" for all), as the service's leader records them: an iterator of
+        Events (see Watch). start_position is 0 to begin now, or the
+        next_position of an earlier watch to resume it. include_held begins
+        with a "held" event for every lease held under the prefix.
+        progress(next_position), when given, is called after each response
+        of the stream, events or none: at least once a connection as soon as
+        the service has taken its start, so a watcher knows that what
+        happens from then on is in the stream. health_interval is how often
+        (seconds; 0: never) the node's /healthz is asked while the stream is
+        open: a node that does not answer within it has its stream cut and
+        resumed at the next. Close it (close(), or with) when done."""
+        from .watch import Watch
+
+        if self._closed:
+            raise FenceError(f"watch {prefix!r}: the client is closed")
+        start = int(start_position)
+        if start < 0 or start > (1 << 64) - 1:
+            raise InvalidError("start_position", f"watch {prefix!r}: start position {start_position!r} is not from 0 to 2^64-1")
+        return Watch(self, prefix, start, include_held, progress, health_interval)
+
     def report_rejections(self, guard: str, rejections: Iterable[Rejection], dropped: int = 0, timeout: Optional[float] = None) -> None:
         """report_rejections sends stale rejections a guard saw to fenced
         (ReportRejections), at most MAX_REPORT at a time: its status page,
@@ -469,19 +590,28 @@ class Client:
         except (urllib.error.URLError, OSError, HTTPException) as err:
             cause = getattr(err, "reason", err)
             raise UnavailableError(f"{url}: {cause}") from err
+        if 200 <= status < 300:
+            try:
+                return json.loads(text)
+            except ValueError:
+                pass
+        raise self._answer_error(url, status, reason, text)
+
+    @staticmethod
+    def _answer_error(url: str, status: int, reason: str, text: bytes) -> FenceError:
+        """_answer_error is the error of an answer that is not a success:
+        fenced's JSON error, or a proxy's (502, 503 and 504 are unavailable)."""
         try:
             body = json.loads(text)
         except ValueError:
             body = None
-        if 200 <= status < 300 and body is not None:
-            return body
         if not isinstance(body, dict) or not isinstance(body.get("code"), str):
             # Not fenced's answer: a proxy, or a node going down.
             msg = f"{url}: {status} {reason}: {text[:200].decode('utf-8', 'replace')}"
             if 502 <= status <= 504:
-                raise UnavailableError(msg)
-            raise FenceError(msg)
-        raise _from_connect(body)
+                return UnavailableError(msg)
+            return FenceError(msg)
+        return _from_connect(body)
 
 
 class Lease:

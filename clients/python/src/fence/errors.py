@@ -17,6 +17,7 @@ __all__ = [
     "NotHolderError",
     "UnavailableError",
     "WaitTimeoutError",
+    "MissedEventsError",
     "StaleError",
     "MissingCryptographyError",
 ]
@@ -101,6 +102,14 @@ class WaitTimeoutError(FenceError, TimeoutError):
     """WaitTimeoutError reports an acquire whose timeout passed first
     (deadline_exceeded), typically a wait in line that was not granted in
     time. The caller holds nothing."""
+
+
+class MissedEventsError(FenceError):
+    """MissedEventsError reports a watch that cannot resume where it was
+    (out_of_range): the service no longer holds the events from its start
+    position on (it keeps the most recent ten thousand, and a new leader, or
+    a restarted fenced, starts afresh). Read the state again (Client.list,
+    Client.get, or a watch with include_held) and watch from 0."""
 
 
 class StaleError(FenceError):

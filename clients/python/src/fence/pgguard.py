@@ -12,7 +12,8 @@ psycopg2's shape.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+import threading
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
 
 from .errors import FenceError, InvalidError, StaleError
 from ._presented import Presented, presented_token, stale_from_fields
@@ -20,7 +21,7 @@ from ._presented import Presented, presented_token, stale_from_fields
 if TYPE_CHECKING:
     from .client import Lease, Reporter
 
-__all__ = ["pg_advance", "pg_fenced"]
+__all__ = ["pg_advance", "pg_fenced", "PgMarks"]
 
 T = TypeVar("T")
 
@@ -167,3 +168,92 @@ def _pg_error(err: BaseException, lease, reporter, guard: str) -> BaseException:
         detail = str(err)
     stale: StaleError = stale_from_fields(detail, lease, reporter, guard)
     return stale
+
+
+class PgMarks:
+    """PgMarks is the marks of fence's guard inside PostgreSQL, for a
+    Follower: advance(scope, token) is `SELECT fence_advance(scope, token)`
+    in a transaction of its own, the check-and-advance writers call, so a
+    mark never moves back; a mark already past the token (FN409) is left
+    as it is and answers False.
+
+    connect is a connection string (psycopg2.connect's; psycopg2 is then
+    imported) or a function returning a new psycopg2 connection. PgMarks
+    keeps one connection, made on first use, and makes a new one after a
+    failure that broke it (a restarted server, a terminated backend), so a
+    follower's retries find the server once it is back. schema is where
+    `fencectl guard install` put the function and its table fence_tokens,
+    as in pg_advance. Safe to use from several threads: calls take turns
+    on the connection.
+    """
+
+    def __init__(self, connect: Any, schema: Optional[str] = None):
+        self._fn = _function(schema)
+        self._table = "fence_tokens" if schema is None else f'"{schema}".fence_tokens'
+        if isinstance(connect, str):
+            dsn = connect
+
+            def from_dsn() -> Any:
+                import psycopg2
+
+                return psycopg2.connect(dsn)
+
+            connect = from_dsn
+        self._connect: Callable[[], Any] = connect
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _run(self, fn: Callable[[Any], T]) -> T:
+        with self._lock:
+            return self._run_locked(fn)
+
+    def _run_locked(self, fn: Callable[[Any], T]) -> T:
+        if self._conn is None or getattr(self._conn, "closed", 0):
+            self._conn = self._connect()
+        conn = self._conn
+        try:
+            with conn.cursor() as cur:
+                out = fn(cur)
+            conn.commit()
+            return out
+        except BaseException:
+            try:
+                conn.rollback()
+            except Exception:
+                pass
+            if getattr(conn, "closed", 0):
+                self._conn = None  # broken: a new one next time
+            raise
+
+    def advance(self, scope: str, token: int) -> bool:
+        """advance moves scope's mark to token unless it is past it: True
+        if the mark is now token, False if it was past it."""
+        def run(cur: Any) -> bool:
+            try:
+                cur.execute(f"SELECT {self._fn}(%s::text, %s::bigint, 0::bigint)", (scope, int(token)))
+            except Exception as err:
+                if getattr(err, "pgcode", None) == "FN409":
+                    return False
+                if getattr(err, "pgcode", None) == "FN400":
+                    raise InvalidError("token", f"advance {scope!r} to {token}: {err}") from err
+                raise
+            return True
+
+        return self._run(run)
+
+    def scopes(self, prefix: str) -> List[str]:
+        """scopes lists the scopes under prefix that have a mark."""
+        def run(cur: Any) -> List[str]:
+            cur.execute(f"SELECT scope FROM {self._table} WHERE left(scope, char_length(%s)) = %s", (prefix, prefix))
+            return [r[0] for r in cur.fetchall()]
+
+        return self._run(run)
+
+    def close(self) -> None:
+        """close closes the connection PgMarks made."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None

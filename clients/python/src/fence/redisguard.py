@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from .errors import FenceError, InvalidError
 from ._presented import Presented, presented_token, stale_from_fields
+from .token import MAX_TOKEN, validate_scope
 
 if TYPE_CHECKING:
     from .client import Reporter
 
-__all__ = ["mark_key", "data_key", "redis_set", "redis_del", "redis_hset", "redis_incrby"]
+__all__ = ["mark_key", "data_key", "redis_set", "redis_del", "redis_hset", "redis_incrby", "RedisMarks"]
 
 _MAX_SEQ = (1 << 64) - 1
 
@@ -98,3 +99,59 @@ def _redis_error(err: BaseException, lease, reporter, guard: str) -> BaseExcepti
     if not msg.startswith("STALE "):
         return err
     return stale_from_fields(msg, lease, reporter, guard)
+
+
+# _ADVANCE is the check-and-advance of the library's rule (rule.lua: less,
+# check, advance) for a token with no sequence, as Go's redisguard Store
+# runs it: the mark moves only up, and a greater token starts its epoch
+# with no sequence. Tokens stay decimal strings, compared by length then
+# bytewise, never Lua numbers (doubles). 1: the mark is at the token now;
+# 0: it was past it.
+_ADVANCE = """
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local t = ARGV[1]
+local ht = redis.call('HGET', KEYS[1], 'token') or '0'
+if less(t, ht) then return 0 end
+if less(ht, t) then redis.call('HSET', KEYS[1], 'token', t, 'seq', '0') end
+return 1
+"""
+
+
+class RedisMarks:
+    """RedisMarks is the marks of fence's guard inside Redis (the hash
+    "fence:{SCOPE}", fields token and seq, that fence_set and the others
+    check), for a Follower: advance(scope, token) checks and advances the
+    mark in one script with the rule the library's functions follow, so a
+    mark never moves back; a mark already past the token is left as it is
+    and answers False. r is a redis-py client (anything with
+    execute_command), which reconnects by itself after a failure."""
+
+    def __init__(self, r: Any):
+        self._r = r
+
+    def advance(self, scope: str, token: int) -> bool:
+        """advance moves scope's mark to token unless it is past it: True
+        if the mark is now token, False if it was past it."""
+        validate_scope(scope)
+        t = int(token)
+        if not 1 <= t <= MAX_TOKEN:
+            raise InvalidError("token", f"token {token!r} is not from 1 to 2^63-1")
+        return int(self._r.execute_command("EVAL", _ADVANCE, 1, mark_key(scope), str(t))) == 1
+
+    def scopes(self, prefix: str) -> List[str]:
+        """scopes lists the scopes under prefix that have a mark (SCAN)."""
+        out: List[str] = []
+        cursor: Any = "0"
+        # A scope has none of the glob's special characters (*?[]\).
+        pattern = f"fence:{{{prefix}*}}"
+        while True:
+            cursor, keys = self._r.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            for k in keys:
+                k = k.decode() if isinstance(k, bytes) else k
+                if k.startswith("fence:{") and k.endswith("}"):
+                    out.append(k[len("fence:{"):-1])
+            if str(cursor.decode() if isinstance(cursor, bytes) else cursor) == "0":
+                return out

@@ -1,0 +1,352 @@
+"""Watch, Get and List against a real fenced, and the Follower keeping the
+marks of the guards inside PostgreSQL and Redis (installed with fencectl
+guard install) in step with it: a released or expired lease's late write
+is refused before anyone else wrote with a follower and accepted without,
+a mark is never moved back, a failed advance is retried, and the
+follower resumes across a restart of fenced. The database tests need
+make services' servers (FENCE_TEST_POSTGRES, FENCE_TEST_REDIS): without
+them they skip, under CI=true they fail."""
+
+import logging
+import os
+import queue
+import threading
+import time
+import unittest
+
+from support import Fenced, Proxy, install_guard, needs, until
+
+import fence
+from fence import Client, Follower, InvalidError, MissedEventsError, StaleError
+
+F: Fenced
+RUN = os.urandom(4).hex()  # the servers are shared with other runs: every scope is new
+
+
+def setUpModule():
+    global F
+    # The followers' warnings and errors (a broken watch, a failed advance,
+    # a bad prefix) are what these tests cause on purpose.
+    logging.getLogger("fence.follow").setLevel(logging.CRITICAL)
+    F = Fenced().start()
+
+
+def tearDownModule():
+    F.stop()
+
+
+def grant(f: Fenced, scope: str, ttl: str = "60s"):
+    """grant acquires scope at f directly, with nobody to renew it: its
+    token, its signed text and its lease ID."""
+    status, body = f.rpc("Acquire", {"scope": scope, "holder": "py-follow", "ttl": ttl})
+    assert status == 200, body
+    return int(body["lease"]["token"]), body["lease"]["tokenText"], body["lease"]["leaseId"]
+
+
+def release(f: Fenced, scope: str, lease_id: str) -> None:
+    status, body = f.rpc("Release", {"scope": scope, "leaseId": lease_id})
+    assert status == 200, body
+
+
+class Collector:
+    """Collector iterates a watch on a thread of its own, into a queue."""
+
+    def __init__(self, w):
+        self.w = w
+        self.q: "queue.Queue" = queue.Queue()
+        self.error = None
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        try:
+            for e in self.w:
+                self.q.put(e)
+        except BaseException as err:
+            self.error = err
+
+    def next(self, timeout=20.0):
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no event within {timeout}s (the watch's error: {self.error!r})") from None
+
+
+def first(w, n=1, timeout=20.0):
+    """first returns the first n events of w, or raises its error, within
+    timeout seconds, and closes it."""
+    col = Collector(w)
+    try:
+        end = time.monotonic() + timeout
+        while col.q.qsize() < n and col.t.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
+        if col.q.qsize() < n and col.error is not None:
+            raise col.error
+        return [col.next(0) for _ in range(n)]
+    finally:
+        w.close()
+
+
+class TestWatch(unittest.TestCase):
+    def setUp(self):
+        self.client = Client(F.url, holder="py-watch")
+        self.addCleanup(self.client.close)
+
+    def test_events_closing_tokens_resume_and_close(self):
+        p = f"py/watch/{RUN}/"
+        w = self.client.watch(p)
+        self.addCleanup(w.close)
+        col = Collector(w)
+        until("the watch answered", lambda: w.next_position > 0)
+        grant(F, f"py/elsewhere/{RUN}")  # another prefix: not in this stream
+        a = self.client.acquire(p + "a", ttl=30)
+        e = col.next()
+        self.assertEqual((e.kind, e.scope, e.token, e.holder), ("granted", p + "a", a.token, "py-watch"))
+        self.assertGreater(e.position, 0)
+        self.assertEqual(e.ttl, 30.0)
+        self.assertLess(abs(e.time - time.time()), 60)
+        a.release()
+        r = col.next()
+        self.assertEqual((r.kind, r.scope, r.token), ("released", p + "a", a.token))
+        self.assertEqual(r.closing, a.token + 1, "log format 8: the end of a lease consumes token N+1")
+        self.assertGreater(r.position, e.position)
+        self.assertEqual(r.lease_fingerprint, e.lease_fingerprint)
+        self.assertEqual(w.next_position, r.position + 1)
+
+        # A quiet stream closes at once, from another thread, without an error.
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        w.close()
+        col.t.join(5)
+        self.assertFalse(col.t.is_alive(), "close() did not end the iteration")
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertIsNone(col.error)
+        self.assertTrue(col.q.empty(), "no event of another prefix")
+
+        # Resumed where it was, it gets what happened meanwhile, in order.
+        token, _, lease_id = grant(F, p + "b")
+        release(F, p + "b", lease_id)
+        got = first(self.client.watch(p, start_position=w.next_position), 2)
+        self.assertEqual([(x.kind, x.scope, x.token, x.closing) for x in got],
+                         [("granted", p + "b", token, 0), ("released", p + "b", token, token + 1)])
+        self.assertEqual(got[0].position, w.next_position)
+
+    def test_held_leases_and_the_end_frames_errors(self):
+        p = f"py/held/{RUN}/"
+        token, _, _ = grant(F, p + "x")
+        h, = first(self.client.watch(p, include_held=True))
+        self.assertEqual((h.kind, h.scope, h.token, h.position), ("held", p + "x", token, 0))
+
+        with self.assertRaises(MissedEventsError) as cm:
+            first(self.client.watch(p, start_position=1))
+        self.assertEqual(cm.exception.code, "out_of_range")
+        with self.assertRaises(InvalidError) as cm:
+            first(self.client.watch("bad:prefix"))
+        self.assertEqual(cm.exception.code, "invalid_argument")
+
+    def test_get_and_list(self):
+        p = f"py/list/{RUN}/"
+        free = self.client.get(p + "never")
+        self.assertEqual((free.scope, free.lease, free.waiters), (p + "never", None, 0))
+        self.assertGreater(free.last_token, 0, "a scope never granted: the token floor")
+        toks = {s: grant(F, p + s) for s in ("b", "a", "c")}
+        self.assertGreater(self.client.get(p + "never").last_token, 0)
+        st = self.client.get(p + "a")
+        self.assertEqual((st.lease.scope, st.lease.token, st.lease.holder), (p + "a", toks["a"][0], "py-follow"))
+        self.assertEqual(st.lease.token_text, f"fence:v1:{p}a:{toks['a'][0]}")
+        self.assertEqual(st.lease.ttl, 60.0)
+        listed = self.client.list(p, page_size=2)  # two pages
+        self.assertEqual([(x.scope, x.token) for x in listed], [(p + s, toks[s][0]) for s in ("a", "b", "c")])
+        release(F, p + "a", toks["a"][2])
+        self.assertEqual(self.client.get(p + "a").last_token, toks["a"][0] + 1)
+        self.assertEqual([x.scope for x in self.client.list(p)], [p + "b", p + "c"])
+
+
+class Marks:
+    """Marks reads the marks of fence's guards in make services' PostgreSQL
+    and Redis, with the guards installed."""
+
+    def __init__(self, test: unittest.TestCase):
+        self.pg_url = needs("FENCE_TEST_POSTGRES", "psycopg2")
+        self.redis_url = needs("FENCE_TEST_REDIS", "redis")
+        import psycopg2
+        import redis
+
+        install_guard(self.pg_url)
+        install_guard(self.redis_url)
+        self.db = psycopg2.connect(self.pg_url)
+        self.db.autocommit = True
+        test.addCleanup(self.db.close)
+        self.r = redis.Redis.from_url(self.redis_url)
+        test.addCleanup(self.r.close)
+
+    def pg(self, scope: str) -> int:
+        with self.db.cursor() as cur:
+            cur.execute("SELECT token FROM fence_tokens WHERE scope = %s", (scope,))
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def redis(self, scope: str) -> int:
+        return int(self.r.hget(fence.mark_key(scope), "token") or 0)
+
+    def write_pg(self, token_text: str) -> None:
+        fence.pg_fenced(self.db, token_text, lambda cur: cur.execute("SELECT 1"))
+
+    def write_redis(self, token_text: str) -> None:
+        scope = fence.parse_token(token_text).scope
+        fence.redis_set(self.r, token_text, fence.data_key(scope, "v"), token_text)
+
+
+class TestFollower(unittest.TestCase):
+    def setUp(self):
+        self.m = Marks(self)
+        self.client = Client(F.url, holder="py-follower")
+        self.addCleanup(self.client.close)
+
+    def follow(self, client, store, prefix):
+        f = Follower(client, store, prefix).start()
+        self.addCleanup(f.stop)
+        self.assertTrue(f.wait_caught_up(20), "the follower never caught up")
+        return f
+
+    def test_a_late_write_after_the_lease_ended_is_refused_with_a_follower_and_accepted_without(self):
+        on, off = f"py/follow/{RUN}/on/", f"py/follow/{RUN}/off/"
+        pg = fence.PgMarks(self.m.pg_url)
+        self.addCleanup(pg.close)
+        self.follow(self.client, pg, on)
+        self.follow(self.client, fence.RedisMarks(self.m.r), on)
+        for end in ("released", "expired"):
+            for prefix in (on, off):
+                with self.subTest(end=end, followed=prefix == on):
+                    scope = prefix + end
+                    token, text, lease_id = grant(F, scope, "60s" if end == "released" else "0.5s")
+                    self.m.write_pg(text)
+                    self.m.write_redis(text)
+                    if end == "released":
+                        release(F, scope, lease_id)
+                    until("the lease's end", lambda: self.client.get(scope).lease is None)
+                    if prefix == on:
+                        until("the marks at the closing token",
+                              lambda: (self.m.pg(scope), self.m.redis(scope)) == (token + 1, token + 1))
+                        # The old holder's delayed writes; nobody else wrote.
+                        with self.assertRaises(StaleError) as cm:
+                            self.m.write_pg(text)
+                        self.assertEqual((cm.exception.presented, cm.exception.highest), (token, token + 1))
+                        with self.assertRaises(StaleError) as cm:
+                            self.m.write_redis(text)
+                        self.assertEqual((cm.exception.presented, cm.exception.highest), (token, token + 1))
+                        # The next holder is above the closing, and writes.
+                        nxt, ntext, _ = grant(F, scope)
+                        self.assertEqual(nxt, token + 2)
+                        self.m.write_pg(ntext)
+                        self.m.write_redis(ntext)
+                    else:
+                        time.sleep(0.3)  # as long as a follower would have had
+                        self.m.write_pg(text)  # the window a follower closes
+                        self.m.write_redis(text)
+                        self.assertEqual((self.m.pg(scope), self.m.redis(scope)), (token, token))
+
+    def test_never_moves_a_mark_back(self):
+        p = f"py/back/{RUN}/"
+        pg = fence.PgMarks(self.m.pg_url)
+        self.addCleanup(pg.close)
+        rm = fence.RedisMarks(self.m.r)
+        high = (1 << 62) + 5  # another writer's token, far above fenced's
+        self.m.write_pg(f"fence:v1:{p}high:{high}")
+        self.m.write_redis(f"fence:v1:{p}high:{high}")
+        self.assertFalse(pg.advance(p + "high", 7))
+        self.assertFalse(rm.advance(p + "high", 7))
+        self.assertTrue(pg.advance(p + "high", high), "at the mark: accepted, unchanged")
+        fp = self.follow(self.client, pg, p)
+        fr = self.follow(self.client, rm, p)
+        token, _, lease_id = grant(F, p + "high")
+        release(F, p + "high", lease_id)
+        later, _, _ = grant(F, p + "later")
+        until("the later scope's marks", lambda: (self.m.pg(p + "later"), self.m.redis(p + "later")) == (later, later))
+        self.assertTrue(fp.wait_caught_up(10) and fr.wait_caught_up(10))
+        self.assertEqual((self.m.pg(p + "high"), self.m.redis(p + "high")), (high, high))
+        self.assertGreaterEqual(fp.advanced, 3)
+        self.assertGreaterEqual(fr.advanced, 3)
+
+    def test_a_failed_advance_is_retried(self):
+        """The follower's PostgreSQL connection is terminated between the
+        grant and the release: the closing's first advance fails, and is
+        retried on a new connection."""
+        import psycopg2
+
+        p = f"py/retry/{RUN}/"
+        app = f"fence-follow-{RUN}"
+        pg = fence.PgMarks(lambda: psycopg2.connect(self.m.pg_url, application_name=app))
+        self.addCleanup(pg.close)
+        f = self.follow(self.client, pg, p)
+        token, _, lease_id = grant(F, p + "s")
+        until("the grant's mark", lambda: self.m.pg(p + "s") == token)
+        with self.m.db.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
+            self.assertEqual(cur.rowcount, 1)
+        release(F, p + "s", lease_id)
+        until("the closing recorded after a retry", lambda: self.m.pg(p + "s") == token + 1)
+        self.assertTrue(f.wait_caught_up(10))
+        self.assertEqual(f.lag(), 0.0)
+        self.assertIsNone(f.last_store_error)
+
+    def test_resumes_within_a_term_and_across_a_restart_of_fenced(self):
+        g = Fenced().start()
+        self.addCleanup(g.stop)
+        proxy = Proxy(g.url[len("http://"):])
+        self.addCleanup(proxy.close)
+        c = Client(proxy.url, holder="py-follower", retry_timeout=1)  # the follower's client, through the proxy
+        self.addCleanup(c.close)
+        p = f"py/restart/{RUN}/"
+        rm = fence.RedisMarks(self.m.r)
+        f = self.follow(c, rm, p)
+        self.assertEqual(f.resyncs, 0)
+        a, _, a_id = grant(g, p + "a")
+        b, b_text, b_id = grant(g, p + "b")
+        until("a's and b's grants", lambda: (self.m.redis(p + "a"), self.m.redis(p + "b")) == (a, b))
+
+        # Cut off within a term: the release is in the leader's events,
+        # and the resumed watch brings it.
+        proxy.cut()
+        until("the follower notices", lambda: f.lag() > 0)
+        release(g, p + "a", a_id)
+        time.sleep(0.3)
+        self.assertEqual(self.m.redis(p + "a"), a)
+        proxy.mend()
+        until("a's closing after the follower resumed", lambda: self.m.redis(p + "a") == a + 1)
+        self.assertEqual(f.resyncs, 0, "a cut within a term is resumed, not read again")
+
+        # Cut off across a restart: the new term's leader has none of the
+        # old one's events; b is released before the follower is back, so
+        # only the state (Get) tells of it.
+        proxy.cut()
+        g.restart()
+        release(g, p + "b", b_id)
+        closing = Client(g.url).get(p + "b").last_token
+        self.assertGreater(closing, b)
+        high = (1 << 62) + 5
+        self.m.write_redis(f"fence:v1:{p}a:{high}")  # another writer, far ahead
+        proxy.mend()
+        until("b's closing, read from the state", lambda: self.m.redis(p + "b") == closing, timeout=40)
+        self.assertGreaterEqual(f.resyncs, 1)
+        with self.assertRaises(StaleError):
+            self.m.write_redis(b_text)  # b's late write, before anyone else wrote
+        self.assertTrue(f.wait_caught_up(20))
+        self.assertEqual(self.m.redis(p + "a"), high, "the resync moved a mark back")
+        # And it follows the new term's stream.
+        d, _, _ = grant(g, p + "d")
+        until("d's grant, from the new stream", lambda: self.m.redis(p + "d") == d)
+        f.stop()
+        self.assertTrue(f.stopped.is_set())
+        self.assertFalse(any(t.is_alive() for t in f._threads), "stop() left a thread running")
+        self.assertIsNone(f.error)
+
+    def test_an_invalid_prefix_stops_it(self):
+        f = Follower(self.client, fence.RedisMarks(self.m.r), "bad:prefix").start()
+        self.addCleanup(f.stop)
+        self.assertTrue(f.stopped.wait(20))
+        self.assertIsInstance(f.error, InvalidError)
+
+
+if __name__ == "__main__":
+    unittest.main()
