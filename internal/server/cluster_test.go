@@ -286,18 +286,26 @@ func TestLeaderHandsOffOnClose(t *testing.T) {
 	}
 }
 
-// TestReplaceLeader: an operator replaces the leader's own Raft address,
-// here with another name of the address it listens at (as when a node's
-// advertised name changes). hashicorp/raft lets a leader change its own
-// entry in the configuration: it stays leader in the same term, and the
-// cluster keeps granting, tokens rising. Then the leader hands off and
-// stops, and comes back from its data directory advertising the new name,
-// without --join: the new leader reaches it there, as a follower at the
-// address the replace gave.
+// TestReplaceLeader: an operator replaces the leader's own Raft address
+// (127.0.0.1:P to 127.0.0.2:P; the leader listens on every address, so it
+// answers at both, as a leader whose advertised address changes does).
+// hashicorp/raft lets a leader change its own entry in the configuration:
+// it stays leader in the same term, and the cluster keeps granting, tokens
+// rising. Then the leader hands off and stops, and comes back from its
+// data directory listening at the new address alone, without --join: it
+// follows the new leader only if the others dial it there.
 func TestReplaceLeader(t *testing.T) {
 	ctx := testContext(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	was, moved := "127.0.0.1:"+port, "127.0.0.2:"+port
 	n1cfg := nodeConfig("n1")
 	n1cfg.DataDir = t.TempDir() // for its restart
+	n1cfg.RaftListen, n1cfg.RaftAdvertise = "0.0.0.0:"+port, was
 	n1 := startNodeConfig(t, n1cfg)
 	await(ctx, t, "n1 leads", n1.Ready)
 	followers := map[string]*server.Server{}
@@ -322,15 +330,10 @@ func TestReplaceLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Leader != "n1" || len(st.Nodes) != 3 {
-		t.Fatalf("before the replace: %+v; want n1 leading 3 nodes", st)
+	if st.Leader != "n1" || len(st.Nodes) != 3 || find(st.Nodes, "n1").RaftAddr != was {
+		t.Fatalf("before the replace: %+v; want n1 at raft %s leading 3 nodes", st, was)
 	}
 	term := st.Term
-	_, port, err := net.SplitHostPort(find(st.Nodes, "n1").RaftAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alias := "localhost:" + port // the same listener, another name
 
 	var last uint64
 	grant := func(when string) {
@@ -349,12 +352,12 @@ func TestReplaceLeader(t *testing.T) {
 	}
 	grant("before the replace")
 
-	nodes, err := c.ReplaceNode(ctx, "n1", alias, n1.Addr())
+	nodes, err := c.ReplaceNode(ctx, "n1", moved, n1.Addr())
 	if err != nil {
 		t.Fatalf("replacing the leader's Raft address: %v", err)
 	}
-	if got := find(nodes, "n1").RaftAddr; got != alias {
-		t.Errorf("the answer to the replace has n1 at raft %s; want %s", got, alias)
+	if got := find(nodes, "n1").RaftAddr; got != moved {
+		t.Errorf("the answer to the replace has n1 at raft %s; want %s", got, moved)
 	}
 	for range 3 {
 		grant("after the replace")
@@ -363,8 +366,8 @@ func TestReplaceLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := find(st.Nodes, "n1"); st.Leader != "n1" || st.Term != term || n.RaftAddr != alias || n.State != "leader" {
-		t.Fatalf("after the replace: %+v; want n1 still leading in term %d, at raft %s", st, term, alias)
+	if n := find(st.Nodes, "n1"); st.Leader != "n1" || st.Term != term || n.RaftAddr != moved || n.State != "leader" {
+		t.Fatalf("after the replace: %+v; want n1 still leading in term %d, at raft %s", st, term, moved)
 	}
 
 	// The leader hands off and stops; the others lead and grant.
@@ -376,16 +379,18 @@ func TestReplaceLeader(t *testing.T) {
 	await(ctx, t, "n2 or n3 leads", func() bool { return followers["n2"].Ready() || followers["n3"].Ready() })
 	grant("after n1 stopped")
 
-	// n1 again, from its data directory, at the name the replace gave.
+	// n1 again, from its data directory, at the address the replace gave
+	// alone: nothing answers at the old one now.
 	n1cfg.Bootstrap = false
-	n1cfg.Listen, n1cfg.RaftListen, n1cfg.RaftAdvertise = n1.Addr(), "127.0.0.1:"+port, alias
+	n1cfg.Listen, n1cfg.RaftListen, n1cfg.RaftAdvertise = n1.Addr(), moved, ""
 	again := startNodeConfig(t, n1cfg)
-	await(ctx, t, "n1 follows at "+alias, func() bool {
-		st, err := newClient(t, again.Addr()).ClusterStatus(ctx)
-		return err == nil && st.Leader != "" && st.Leader != "n1" && find(st.Nodes, "n1").State == "follower" && find(st.Nodes, "n1").RaftAddr == alias
+	via := newClient(t, again.Addr())
+	await(ctx, t, "n1 follows at "+moved, func() bool {
+		st, err := via.ClusterStatus(ctx)
+		return err == nil && st.Leader != "" && st.Leader != "n1" && find(st.Nodes, "n1").State == "follower" && find(st.Nodes, "n1").RaftAddr == moved
 	})
 	grant("after n1 came back")
-	if _, err := newClient(t, again.Addr()).Grant(ctx, "through-n1"); err != nil {
+	if _, err := via.Grant(ctx, "through-n1"); err != nil {
 		t.Errorf("a grant through n1, forwarded: %v", err)
 	}
 }
