@@ -10,6 +10,7 @@ them they skip, under CI=true they fail."""
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 import unittest
@@ -144,6 +145,24 @@ class TestWatch(unittest.TestCase):
             first(self.client.watch("bad:prefix"))
         self.assertEqual(cm.exception.code, "invalid_argument")
 
+    def test_a_node_that_stops_answering_ends_the_watch_instead_of_hanging(self):
+        """A stopped fenced (SIGSTOP) keeps its connections open and quiet:
+        its /healthz goes unanswered, the stream is cut and retried, and
+        the watch ends with UnavailableError once the retries are spent."""
+        g = Fenced().start()
+        self.addCleanup(g.stop)
+        c = Client(g.url, retry_timeout=2, call_timeout=1)
+        self.addCleanup(c.close)
+        w = c.watch("py/stopped/", health_interval=0.5)
+        self.addCleanup(w.close)
+        col = Collector(w)
+        until("the watch answered", lambda: w.next_position > 0)
+        g.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(g.proc.send_signal, signal.SIGCONT)
+        col.t.join(20)
+        self.assertFalse(col.t.is_alive(), "the watch hangs on a stopped node")
+        self.assertIsInstance(col.error, fence.UnavailableError)
+
     def test_get_and_list(self):
         p = f"py/list/{RUN}/"
         free = self.client.get(p + "never")
@@ -245,6 +264,21 @@ class TestFollower(unittest.TestCase):
                         self.m.write_pg(text)  # the window a follower closes
                         self.m.write_redis(text)
                         self.assertEqual((self.m.pg(scope), self.m.redis(scope)), (token, token))
+
+    def test_a_lease_that_ended_before_the_follower_started_is_closed_at_its_start(self):
+        p = f"py/before/{RUN}/"
+        token, text, lease_id = grant(F, p + "s")
+        self.m.write_pg(text)
+        self.m.write_redis(text)
+        release(F, p + "s", lease_id)
+        pg = fence.PgMarks(self.m.pg_url)
+        self.addCleanup(pg.close)
+        fp = self.follow(self.client, pg, p)
+        fr = self.follow(self.client, fence.RedisMarks(self.m.r), p)
+        self.assertEqual((self.m.pg(p + "s"), self.m.redis(p + "s")), (token + 1, token + 1))
+        self.assertEqual((fp.resyncs, fr.resyncs), (0, 0), "reading the state at the start is no resync")
+        with self.assertRaises(StaleError):
+            self.m.write_pg(text)
 
     def test_never_moves_a_mark_back(self):
         p = f"py/back/{RUN}/"
