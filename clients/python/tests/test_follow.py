@@ -163,6 +163,18 @@ class TestWatch(unittest.TestCase):
         self.assertFalse(col.t.is_alive(), "the watch hangs on a stopped node")
         self.assertIsInstance(col.error, fence.UnavailableError)
 
+    def test_closing_the_client_ends_its_watches(self):
+        c = Client(F.url)
+        w = c.watch(f"py/closing/{RUN}/")
+        col = Collector(w)
+        until("the watch answered", lambda: w.next_position > 0)
+        c.close()
+        col.t.join(5)
+        self.assertFalse(col.t.is_alive(), "the watch outlived its client")
+        self.assertIsNone(col.error)
+        with self.assertRaises(fence.FenceError):
+            c.watch("py/")
+
     def test_get_and_list(self):
         p = f"py/list/{RUN}/"
         free = self.client.get(p + "never")
@@ -375,11 +387,17 @@ class TestFollower(unittest.TestCase):
         self.assertFalse(any(t.is_alive() for t in f._threads), "stop() left a thread running")
         self.assertIsNone(f.error)
 
-    def test_an_invalid_prefix_stops_it(self):
+    def test_a_bad_prefix_or_a_closed_client_stops_it(self):
         f = Follower(self.client, fence.RedisMarks(self.m.r), "bad:prefix").start()
         self.addCleanup(f.stop)
         self.assertTrue(f.stopped.wait(20))
         self.assertIsInstance(f.error, InvalidError)
+
+        c = Client(F.url)
+        g = self.follow(c, fence.RedisMarks(self.m.r), f"py/closed/{RUN}/")
+        c.close()
+        self.assertTrue(g.stopped.wait(20), "a follower whose client closed runs on")
+        self.assertIn("closed", str(g.error))
 
 
 if __name__ == "__main__":

@@ -278,6 +278,7 @@ class Client:
         self._report = report_rejections
         self._lock = threading.Lock()
         self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+        self._watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
         self._reporters: Dict[str, Reporter] = {}
         self._closed = False
         # No proxies: fenced is reached directly, whatever http_proxy says.
@@ -424,7 +425,14 @@ class Client:
         start = int(start_position)
         if start < 0 or start > (1 << 64) - 1:
             raise InvalidError("start_position", f"watch {prefix!r}: start position {start_position!r} is not from 0 to 2^64-1")
-        return Watch(self, prefix, start, include_held, progress, health_interval)
+        w = Watch(self, prefix, start, include_held, progress, health_interval)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._watches.add(w)
+        if closed:
+            raise FenceError(f"watch {prefix!r}: the client is closed")
+        return w
 
     def report_rejections(self, guard: str, rejections: Iterable[Rejection], dropped: int = 0, timeout: Optional[float] = None) -> None:
         """report_rejections sends stale rejections a guard saw to fenced
@@ -456,12 +464,16 @@ class Client:
 
     def close(self, timeout: float = 5.0) -> None:
         """close ends every lease the client keeps alive (their lost events
-        are set) and releases them, best effort, and sends the rejections
-        its reporters still hold. Later acquires fail."""
+        are set) and releases them, best effort, closes its watches (their
+        iterations stop), and sends the rejections its reporters still
+        hold. Later acquires and watches fail."""
         with self._lock:
             self._closed = True
             held = list(self._leases)
             reporters = list(self._reporters.values())
+            watches = list(self._watches)
+        for w in watches:
+            w.close()
         for lease in held:
             try:
                 lease.release()

@@ -78,8 +78,8 @@ class Follower:
       now. It does so at its start too, for the leases that ended while no
       follower ran.
     - It stops by itself only for what retrying cannot mend: an invalid
-      prefix, missing credentials or permission (then `error` says so and
-      `stopped` is set).
+      prefix, missing credentials or permission, its client closed (then
+      `error` says so and `stopped` is set).
 
     lag() is how many seconds behind the service it is; advanced and
     resyncs count its advances (including those the store found done) and
@@ -244,7 +244,12 @@ class Follower:
         while not self._stop.is_set():
             if resync:
                 pos = 0
-            w = self.client.watch(self.prefix, pos, include_held=(pos == 0), progress=progress)
+            try:
+                w = self.client.watch(self.prefix, pos, include_held=(pos == 0), progress=progress)
+            except FenceError as e:  # the client is closed
+                self.error = e
+                log.error("follow %r: stopped: %s", self.prefix, e)
+                return
             with self._lock:
                 self._watch = w
             if self._stop.is_set():
