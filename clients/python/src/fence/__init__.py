@@ -7,10 +7,16 @@ fenced writes to PostgreSQL and Redis through fence's guards inside them.
     with client.acquire("orders", ttl=10) as lease:
         ...  # write under lease.token_text; stop when lease.lost is set
 
-The lease needs nothing but the standard library. Verifying token
-signatures (KeySet, RemoteKeySet) needs the cryptography package; the
-guards take the caller's psycopg2 connection or redis-py client. The
-protocol it implements is docs/protocol.md in fence's repository.
+client.watch(prefix) streams the lease events of a prefix; a Follower
+advances the guards' marks in PostgreSQL (PgMarks) or Redis (RedisMarks)
+to every grant's token and every ended lease's closing token, so a late
+write of an ended lease is refused before anyone else writes.
+
+The lease and the watch need nothing but the standard library.
+Verifying token signatures (KeySet, RemoteKeySet) needs the cryptography
+package; the guards take the caller's psycopg2 connection or redis-py
+client. The protocol it implements is docs/protocol.md in fence's
+repository.
 """
 
 from .client import MAX_REPORT, Client, HeldLease, Lease, Rejection, Reporter, ScopeState
