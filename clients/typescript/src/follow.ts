@@ -7,7 +7,7 @@
 import type { Client } from "./client.js";
 import { FenceError, StaleError } from "./errors.js";
 import type { MarkStore } from "./guard.js";
-import { MAX_TOKEN } from "./token.js";
+import { MAX_TOKEN, validateScope } from "./token.js";
 import type { WatchEvent } from "./watch.js";
 
 /**
@@ -19,6 +19,14 @@ import type { WatchEvent } from "./watch.js";
  */
 export interface MarkAdvancer {
   advance(scope: string, token: bigint): Promise<void>;
+  /**
+   * scopes, when the store can name its scopes (Go's guard.Lister), lists
+   * the scopes starting with prefix that have a mark. A Follower that
+   * starts reads fenced's state of each, so that a lease that ended while
+   * no follower ran is closed too. pgMarkAdvancer's and
+   * redisMarkAdvancer's have it.
+   */
+  scopes?(prefix: string): Promise<string[]>;
 }
 
 /**
@@ -58,7 +66,10 @@ interface Want {
  * read; when fenced no longer holds those events (out_of_range: a new
  * leader, a restart, a long absence) or the watch never started, it watches
  * again from now with the held leases and reads each scope it has seen
- * (Client.get), advancing to its lease's token or its last token. A
+ * (Client.get), advancing to its lease's token or its last token. When
+ * its MarkAdvancer names the scopes that have a mark (scopes), a follower
+ * that starts reads each under its prefix too, once its first watch has
+ * started, closing the leases that ended while no follower ran. A
  * follower that is behind or stopped costs only the window it closes,
  * never safety: the guard's rule still refuses every token older than one
  * it accepted.
@@ -75,6 +86,8 @@ export class Follower {
   readonly #pending = new Map<string, Want>();
   readonly #inflight = new Map<string, Want>();
   readonly #seen = new Set<string>();
+  /** That the store's own scopes (MarkAdvancer.scopes) are in #seen, read at the first start of the watch. */
+  #listed = false;
   /** While the watch is broken or the state is read again: since when (Date.now()); 0 otherwise. */
   #behind = 0;
   #signal: AbortSignal | undefined;
@@ -146,7 +159,10 @@ export class Follower {
   /** #watch consumes the watch stream, resuming after disconnections and reading the state again when it cannot resume. */
   async #watch(signal: AbortSignal): Promise<void> {
     let pos = 0n; // the position to resume from; 0n: start afresh
-    let resync = false;
+    // A store that names its scopes lets a follower that starts afresh
+    // close the leases that ended while none ran: it reads their state once
+    // the watch has started, as after missed events.
+    let resync = this.#marks.scopes !== undefined;
     let backoff = 50;
     while (!signal.aborted) {
       if (resync) pos = 0n;
@@ -198,17 +214,48 @@ export class Follower {
   }
 
   /**
-   * #resync reads the state of the scopes seen so far: a held scope
-   * advances to its lease's token, a free one to its last token (its
-   * closing, from log format 8 on). A held scope's last token may be above
-   * its lease's (a token floor), so it is not used.
+   * #resync reads the state of the scopes seen so far, and the first time,
+   * for a store that names its scopes (MarkAdvancer.scopes), of every scope
+   * under the prefix the store has a mark for (not counted in resyncs): a
+   * held scope advances to its lease's token, a free one to its last token
+   * (its closing, from log format 8 on). A held scope's last token may be
+   * above its lease's (a token floor), so it is not used. Up to concurrency
+   * scopes are read at once.
    */
   async #resync(signal: AbortSignal): Promise<void> {
-    this.#resyncs++;
+    if (this.#marks.scopes !== undefined && !this.#listed) {
+      let listed: string[];
+      try {
+        listed = await this.#marks.scopes(this.prefix);
+      } catch (err) {
+        throw new FenceError(`list the store's scopes: ${(err as Error)?.message ?? err}`, { code: "unavailable", cause: err });
+      }
+      for (const scope of listed) {
+        // A name that is no scope (a key another program made) would fail
+        // every read; the store's answer is only a hint.
+        if (typeof scope === "string" && scope.startsWith(this.prefix) && isScope(scope)) this.#seen.add(scope);
+      }
+      this.#listed = true;
+    } else {
+      this.#resyncs++;
+    }
     const now = Date.now();
-    for (const scope of [...this.#seen]) {
-      const st = await this.#client.get(scope, { signal });
-      this.#want(scope, st.lease?.token ?? st.lastToken, now);
+    const scopes = [...this.#seen];
+    let next = 0;
+    const worker = async () => {
+      while (next < scopes.length && !signal.aborted) {
+        const scope = scopes[next++]!;
+        const st = await this.#client.get(scope, { signal });
+        this.#want(scope, st.lease?.token ?? st.lastToken, now);
+      }
+    };
+    // The first failure rejects; the other readers stop at their next scope.
+    const workers = Array.from({ length: Math.min(this.#par, scopes.length) }, worker);
+    try {
+      await Promise.all(workers);
+    } finally {
+      next = scopes.length;
+      await Promise.allSettled(workers);
     }
   }
 
@@ -280,6 +327,16 @@ export class Follower {
     }
     if (this.#inflight.size === 0) this.#idle?.();
     this.#pump();
+  }
+}
+
+/** isScope tells whether s is a scope fenced accepts. */
+function isScope(s: string): boolean {
+  try {
+    validateScope(s);
+    return true;
+  } catch {
+    return false;
   }
 }
 

@@ -120,10 +120,22 @@ function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionRepo
  * the mark up and never back (a mark already past answers FN409, which
  * counts as done). db is a pg Pool, or a connection of its own on which no
  * transaction is left open; opts.schema is as for pgAdvance.
+ *
+ * Its scopes(prefix) lists the scopes under prefix that have a mark, from
+ * the guard's table, "SCHEMA".fence_tokens (without a schema, the
+ * fence_tokens the connection's search_path finds), so that a Follower
+ * that starts closes the leases that ended while none ran.
  */
 export function pgMarkAdvancer(db: Queryable, opts: Pick<PgOptions, "schema"> = {}): MarkAdvancer {
   const fn = pgFunction("fence_advance", opts); // a bad schema fails here
+  const table = pgFunction("fence_tokens", opts);
   return {
+    async scopes(prefix) {
+      // The database counts the prefix's characters (JavaScript's length
+      // counts UTF-16 units): left() takes characters.
+      const res = (await db.query(`SELECT scope FROM ${table} WHERE left(scope, char_length($1::text)) = $1::text`, [prefix])) as { rows?: { scope: string }[] };
+      return (res.rows ?? []).map((r) => r.scope);
+    },
     async advance(scope, token) {
       try {
         await db.query(`SELECT ${fn}($1::text, $2::bigint, 0)`, [scope, token.toString()]);

@@ -110,11 +110,42 @@ export const FOLLOW_KEY = "fence-follow:none";
  * dataKey(scope, FOLLOW_KEY), which moves the mark up and never back (a mark
  * already past answers STALE, which counts as done) and deletes a key that
  * does not exist.
+ *
+ * Its scopes(prefix) lists the scopes under prefix that have a mark, with
+ * SCAN MATCH fence:{PREFIX*} (the prefix's glob characters quoted), so
+ * that a Follower that starts closes the leases that ended while none ran.
+ * Given an ioredis Cluster, it scans every master.
  */
 export function redisMarkAdvancer(redis: RedisLike): MarkAdvancer {
   return {
     async advance(scope, token) {
       await fcall(redis, "fence_del", { version: 1, scope, value: token }, [dataKey(scope, FOLLOW_KEY)], [], {});
     },
+    async scopes(prefix) {
+      const start = markKey(prefix).slice(0, -1); // "fence:{PREFIX"
+      const match = globQuote(start) + "*}";
+      // An ioredis Cluster sends a SCAN to one node: scan each master.
+      const nodes = (redis as { nodes?: (role: string) => RedisLike[] }).nodes;
+      const clients = typeof nodes === "function" ? nodes.call(redis, "master") : [redis];
+      const scopes = new Set<string>(); // SCAN may return a key more than once
+      for (const c of clients) {
+        let cursor = "0";
+        do {
+          const args = ["SCAN", cursor, "MATCH", match, "COUNT", "1000"];
+          const reply = ("call" in c ? await c.call(args[0]!, ...args.slice(1)) : await c.sendCommand(args)) as [unknown, unknown[]];
+          cursor = String(reply[0]);
+          for (const k of reply[1]) {
+            const key = String(k);
+            if (key.startsWith(start) && key.endsWith("}")) scopes.add(key.slice("fence:{".length, -1));
+          }
+        } while (cursor !== "0");
+      }
+      return [...scopes];
+    },
   };
+}
+
+/** globQuote quotes the characters special in a SCAN pattern. */
+function globQuote(s: string): string {
+  return s.replace(/[\\*?[\]]/g, "\\$&");
 }

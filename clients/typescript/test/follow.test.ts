@@ -3,7 +3,9 @@
 // expired lease's late write is refused before anyone else wrote with a
 // follower, and accepted without one; marks never move back; the follower
 // resumes within a term where it was (a connection cut by a proxy) and
-// reads the state again across a restart of fenced.
+// reads the state again across a restart of fenced; a follower that starts
+// closes the leases that ended while none ran, over a store that names its
+// scopes.
 
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
@@ -55,6 +57,8 @@ interface Guarded {
   marks: MarkAdvancer;
   write(token: string, scope: string): Promise<unknown>;
   mark(scope: string): Promise<bigint>;
+  /** plant makes a mark named name directly, bypassing the guard's checks (removed when the file ends). */
+  plant(name: string): Promise<void>;
 }
 
 async function postgres(): Promise<Guarded> {
@@ -62,7 +66,9 @@ async function postgres(): Promise<Guarded> {
   const db = new pg.Client({ connectionString: pgURL });
   await db.connect();
   const pool = new pg.Pool({ connectionString: pgURL, max: 4 });
+  const planted: string[] = [];
   after(async () => {
+    if (planted.length > 0) await db.query("DELETE FROM fence_tokens WHERE scope = ANY($1)", [planted]);
     await db.end();
     await pool.end();
   });
@@ -71,6 +77,10 @@ async function postgres(): Promise<Guarded> {
     marks: pgMarkAdvancer(pool),
     write: (token) => pgFenced(db, token, (tx) => tx.query("SELECT 1")),
     mark: async (scope) => BigInt((await db.query("SELECT token::text AS t FROM fence_tokens WHERE scope = $1", [scope])).rows[0]?.t ?? "0"),
+    plant: async (name) => {
+      planted.push(name);
+      await db.query("INSERT INTO fence_tokens (scope, token, seq) VALUES ($1, 1, 0)", [name]);
+    },
   };
 }
 
@@ -91,6 +101,10 @@ async function redis(): Promise<Guarded> {
       return redisSet(r, token, dataKey(scope, "v"), token);
     },
     mark: async (scope) => BigInt((await r.hget(markKey(scope), "token")) ?? "0"),
+    plant: async (name) => {
+      scopes.push(name);
+      await r.hset(markKey(name), "token", "1", "seq", "0");
+    },
   };
 }
 
@@ -249,4 +263,104 @@ test("the follower resumes where it was within a term, and reads the state again
   // And it follows the new term's stream.
   await grant("c");
   await until("no lag", () => f.lagMs === 0);
+});
+
+for (const [name, url, open] of stores) {
+  test(`${name}: a lease that ended before the follower started is closed once it starts, the store naming its scopes`, { skip: url === undefined && `the ${name} server is not set` }, async () => {
+    const fenced = await startFenced();
+    const client = new Client(fenced.url, { holder: "ts-follow" });
+    after(() => client.close());
+    const g = await open();
+    const listing = `ts/follow-late/${run}/${name}/listing/`;
+    const hidden = `ts/follow-late/${run}/${name}/hidden/`;
+    // Names under the prefix that are no scope (written by another program):
+    // the follower leaves them alone rather than failing to read them.
+    if (name === "redis") await g.plant(`${listing}x*}y`);
+    await g.plant(`${listing}é`);
+
+    const ended: Lease[] = [];
+    for (const prefix of [listing, hidden]) {
+      for (const end of ["released", "expired"]) {
+        const l = await client.acquire(`${prefix}${end}`, { ttl: end === "expired" ? 300 : 30_000 });
+        await g.write(l.tokenText, l.scope); // the holder's own write
+        if (end === "released") await l.release();
+        else l.markLost("the test stops renewing it; fenced expires it");
+        ended.push(l);
+      }
+    }
+    await until("the leases' end at fenced", async () => (await Promise.all(ended.map((l) => client.get(l.scope)))).every((st) => st.lease === undefined));
+    for (const l of ended) assert.equal(await g.mark(l.scope), l.token, "no follower ran: the mark is the holder's");
+
+    // Both start afterwards; the second's advancer cannot name its scopes.
+    const f = follow(client, g.marks, listing);
+    const h = follow(client, { advance: (scope, token) => g.marks.advance(scope, token) }, hidden);
+    for (const l of ended.slice(0, 2)) {
+      await until(`the follower to close ${l.scope}`, async () => (await g.mark(l.scope)) === l.token + 1n);
+      // The ended holder's delayed write arrives; nobody else wrote.
+      await assert.rejects(g.write(l.tokenText, l.scope), (err: unknown) => {
+        assert.ok(err instanceof StaleError, String(err));
+        assert.deepEqual([err.presented, err.highest], [l.token, l.token + 1n]);
+        return true;
+      });
+    }
+    // A grant after both started, which both record.
+    const sentinels = [await client.acquire(`${listing}sentinel`, { ttl: 30_000 }), await client.acquire(`${hidden}sentinel`, { ttl: 30_000 })];
+    for (const s of sentinels) await until(`the follower to record ${s.scope}`, async () => (await g.mark(s.scope)) === s.token);
+    for (const l of ended.slice(2)) {
+      assert.equal(await g.mark(l.scope), l.token, `${l.scope}: a store that names no scope leaves the ended lease open`);
+      await g.write(l.tokenText, l.scope); // the window a listing closes
+    }
+    assert.equal(f.resyncs, 0, "the first listing is no resync");
+    assert.equal(h.resyncs, 0);
+    await until("no lag once caught up", () => f.lagMs === 0);
+    for (const s of sentinels) await s.release();
+  });
+}
+
+test("redis: the advancer lists the marks under a prefix, its glob characters and non-ASCII ones taken literally", { skip: redisURL === undefined && "FENCE_TEST_REDIS is not set" }, async () => {
+  const g = await redis();
+  const base = `ts/follow-scan/${run}`;
+  const names = ["a1", "ab", "a*x", "a?", "[ab]", "\\b", "é/x", "😀x", "e"].map((n) => `${base}/${n}`);
+  for (const n of names) await g.plant(n);
+  const scopes = async (prefix: string) => (await g.marks.scopes!(`${base}/${prefix}`)).map((s) => s.slice(base.length + 1)).sort();
+  assert.deepEqual(await scopes("a"), ["a*x", "a1", "a?", "ab"]);
+  assert.deepEqual(await scopes("a*"), ["a*x"]);
+  assert.deepEqual(await scopes("a?"), ["a?"]);
+  assert.deepEqual(await scopes("["), ["[ab]"]);
+  assert.deepEqual(await scopes("[ab]"), ["[ab]"]);
+  assert.deepEqual(await scopes("\\"), ["\\b"]);
+  assert.deepEqual(await scopes("é"), ["é/x"]);
+  assert.deepEqual(await scopes("😀"), ["😀x"]);
+  assert.deepEqual(await scopes("ü"), []);
+  assert.deepEqual(await g.marks.scopes!(`ts/follow-scan/${run}-none/`), []);
+
+  // An ioredis Cluster's SCAN reaches one node: the advancer scans each
+  // master (nodes("master")). Two databases of one server stand in for two.
+  const [r0, r1] = [0, 1].map(() => new Redis(redisURL!, { lazyConnect: true, maxRetriesPerRequest: 1 })) as [Redis, Redis];
+  await Promise.all([r0.connect(), r1.connect()]);
+  const db = Number(new URL(redisURL!).pathname.slice(1) || "0");
+  await r1.select(db === 1 ? 2 : 1); // a database other than the URL's
+  after(async () => {
+    await r1.del(markKey(`${base}/other-node`));
+    await Promise.all([r0.quit(), r1.quit()]);
+  });
+  await r1.hset(markKey(`${base}/other-node`), "token", "1", "seq", "0");
+  const cluster = { call: r0.call.bind(r0), nodes: (role: string) => (role === "master" ? [r0, r1] : []) };
+  assert.deepEqual((await redisMarkAdvancer(cluster).scopes!(`${base}/`)).sort(), [...names, `${base}/other-node`].sort());
+});
+
+test("postgres: the advancer lists the marks under a prefix, counting its non-ASCII characters", { skip: pgURL === undefined && "FENCE_TEST_POSTGRES is not set" }, async () => {
+  const g = await postgres();
+  const base = `ts/follow-list/${run}`;
+  const names = ["a1", "ab", "a_b", "a%", "é/x", "😀x", "😀", "e"].map((n) => `${base}/${n}`);
+  for (const n of names) await g.plant(n);
+  const scopes = async (prefix: string) => (await g.marks.scopes!(`${base}/${prefix}`)).map((s) => s.slice(base.length + 1)).sort();
+  assert.deepEqual(await scopes("a"), ["a%", "a1", "a_b", "ab"]);
+  assert.deepEqual(await scopes("a_"), ["a_b"]);
+  assert.deepEqual(await scopes("a%"), ["a%"]);
+  assert.deepEqual(await scopes("é"), ["é/x"]);
+  assert.deepEqual(await scopes("😀"), ["😀", "😀x"]);
+  assert.deepEqual(await scopes("😀x"), ["😀x"]);
+  assert.deepEqual(await scopes("ü"), []);
+  assert.deepEqual(await g.marks.scopes!(`ts/follow-list/${run}-none/`), []);
 });
