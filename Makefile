@@ -39,7 +39,7 @@ services-stop: ## stop the servers make services started from this checkout (the
 # the storage faults), cmd/fenced's storage fault tests (about a minute)
 # and the database tests.
 .PHONY: test
-test: services lint checkgenerate test-ts test-py ## lint, check generated code, the whole suite with the race detector (~7 min on 2 idle cores, up to 15 when busy), a line per package
+test: services lint checkgenerate test-ts test-py ## lint, check generated code, the whole suite with the race detector (~10 min on 2 idle cores, up to 15 when busy), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
 	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)
