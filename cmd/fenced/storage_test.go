@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -416,6 +417,22 @@ func TestStorageFaults(t *testing.T) {
 			}
 		})
 	}
+	// A scope name in an early batch of the newest segment, which raft-wal
+	// reads back unchecked: the node served a grant under another scope
+	// before fenced checked every batch's CRC at open.
+	run("flip-scope-early", "does not match its checksum", func(t *testing.T, dir string) {
+		segs := walFiles(t, dir)
+		newest := segs[len(segs)-1]
+		b, err := os.ReadFile(newest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := bytes.Index(b[:written(t, newest)/4], []byte(historyScopes[0]))
+		if at < 0 {
+			t.Fatalf("no %q in the first quarter of %s", historyScopes[0], newest)
+		}
+		flipByte(t, newest, int64(at))
+	})
 	run("meta-db-deleted", "", func(t *testing.T, dir string) {
 		if err := os.Remove(filepath.Join(dir, "wal", "wal-meta.db")); err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package raftnode
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,8 +32,10 @@ import (
 // it drops any other; the second by finishing the rotation in wal-meta.db,
 // as raft-wal would have.
 
-// tailFiler is raft-wal's segment filer, which notes a tail segment found
-// sealed and clears the index of a seal that never committed.
+// tailFiler is raft-wal's segment filer, which checks every batch of a
+// segment against its CRC before raft-wal reads it (walcheck.go), notes a
+// tail segment found sealed and clears the index of a seal that never
+// committed.
 type tailFiler struct {
 	*segment.Filer
 	dir    string
@@ -40,6 +43,10 @@ type tailFiler struct {
 }
 
 func (f *tailFiler) RecoverTail(info types.SegmentInfo) (types.SegmentWriter, error) {
+	path := filepath.Join(f.dir, segment.FileName(info))
+	if err := verifySegment(path, true); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
 	w, err := f.Filer.RecoverTail(info)
 	if err != nil {
 		return nil, err
@@ -52,7 +59,6 @@ func (f *tailFiler) RecoverTail(info types.SegmentInfo) (types.SegmentWriter, er
 	if last := w.LastIndex(); last >= info.BaseIndex {
 		committed = last - info.BaseIndex + 1
 	}
-	path := filepath.Join(f.dir, segment.FileName(info))
 	indexed, err := indexEntries(path, indexStart)
 	if err != nil {
 		w.Close()
@@ -72,6 +78,14 @@ func (f *tailFiler) RecoverTail(info types.SegmentInfo) (types.SegmentWriter, er
 		return nil, err
 	}
 	return f.Filer.RecoverTail(info)
+}
+
+// Open opens a sealed segment once every batch in it matches its CRC.
+func (f *tailFiler) Open(info types.SegmentInfo) (types.SegmentReader, error) {
+	if err := verifySegment(filepath.Join(f.dir, segment.FileName(info)), false); err != nil {
+		return nil, err
+	}
+	return f.Filer.Open(info)
 }
 
 // frameHeaderLen is the length of raft-wal's frame header: a type byte,
