@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/guard"
@@ -288,32 +290,23 @@ func (f *Follower) resync(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	now := time.Now()
-	var (
-		wg    sync.WaitGroup
-		next  atomic.Int64
-		first atomic.Pointer[error]
-	)
-	for range min(f.par, len(scopes)) {
-		wg.Go(func() {
-			for i := next.Add(1) - 1; i < int64(len(scopes)) && first.Load() == nil; i = next.Add(1) - 1 {
-				st, err := f.c.Get(ctx, scopes[i])
-				if err != nil {
-					first.CompareAndSwap(nil, &err)
-					return
-				}
-				t := st.LastToken
-				if st.Lease != nil {
-					t = st.Lease.Token
-				}
-				f.want(scopes[i], t, now)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(f.par)
+	for _, s := range scopes {
+		g.Go(func() error {
+			st, err := f.c.Get(gctx, s)
+			if err != nil {
+				return err
 			}
+			t := st.LastToken
+			if st.Lease != nil {
+				t = st.Lease.Token
+			}
+			f.want(s, t, now)
+			return nil
 		})
 	}
-	wg.Wait()
-	if err := first.Load(); err != nil {
-		return *err
-	}
-	return nil
+	return g.Wait()
 }
 
 // event takes in one event of the stream.
