@@ -135,13 +135,7 @@ func checkEager(r *Report, evs []Event, applied []Event, o Options) string {
 			r.Eager = append(r.Eager, *g)
 		}
 	}
-	n := 0
-	for _, g := range groups {
-		if g.Followed {
-			n = len(g.Late)
-		}
-	}
-	return fmt.Sprintf("%d writes accepted after their lease ended on followed scopes, bound %v", n, o.LateBound)
+	return fmt.Sprintf("%d writes accepted after their lease ended on followed scopes, bound %v", len(groups[1].Late), o.LateBound)
 }
 
 func union[V any](a, b map[string]V) map[string]bool {
@@ -161,9 +155,7 @@ func (r *Report) writeEager(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "eager fencing: from the end of a lease (the service's record) to the resource's first refusal of its token:")
-	for _, g := range slices.SortedFunc(slices.Values(r.Eager), func(a, b Eager) int {
-		return cmp.Compare(fmt.Sprint(a.Followed), fmt.Sprint(b.Followed))
-	}) {
+	for _, g := range r.Eager { // without a follower first
 		name := "without a follower"
 		if g.Followed {
 			name = "with a follower"
