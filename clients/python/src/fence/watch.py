@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import socket
 import ssl
 import struct
@@ -21,11 +20,11 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-from calendar import timegm
 from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .errors import FenceError, UnavailableError
+from .keys import _parse_time as _parse_rfc3339
 
 if TYPE_CHECKING:
     from .client import Client
@@ -46,18 +45,17 @@ EVENT_KINDS = {
 _END = 0x02
 _COMPRESSED = 0x01
 _MAX_FRAME = 64 << 20
-_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
 
 
 def _parse_time(v: Any) -> float:
     """_parse_time reads an RFC 3339 UTC time ("2026-12-05T21:52:32.729368935Z")
     as seconds since the epoch (0.0 when absent or not of that form)."""
-    m = _TIME.fullmatch(v) if isinstance(v, str) else None
-    if not m:
+    if not isinstance(v, str) or not v:
         return 0.0
-    whole = timegm(tuple(int(g) for g in m.groups()[:6]) + (0, 0, 0))
-    frac = m.group(7) or "0"
-    return whole + int(frac) / 10 ** len(frac)
+    try:
+        return _parse_rfc3339(v)
+    except ValueError:
+        return 0.0
 
 
 def _int(v: Any) -> int:
