@@ -421,17 +421,17 @@ class Client:
         from .watch import Watch
 
         if self._closed:
-            raise FenceError(f"watch {prefix!r}: the client is closed")
+            raise FenceError(f'watch "{prefix}": the client is closed')
         start = int(start_position)
         if start < 0 or start > (1 << 64) - 1:
-            raise InvalidError("start_position", f"watch {prefix!r}: start position {start_position!r} is not from 0 to 2^64-1")
+            raise InvalidError("start_position", f'watch "{prefix}": start position {start_position!r} is not from 0 to 2^64-1')
         w = Watch(self, prefix, start, include_held, progress, health_interval)
         with self._lock:
             closed = self._closed
             if not closed:
                 self._watches.add(w)
         if closed:
-            raise FenceError(f"watch {prefix!r}: the client is closed")
+            raise FenceError(f'watch "{prefix}": the client is closed')
         return w
 
     def report_rejections(self, guard: str, rejections: Iterable[Rejection], dropped: int = 0, timeout: Optional[float] = None) -> None:

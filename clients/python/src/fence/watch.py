@@ -23,6 +23,7 @@ import urllib.parse
 from http.client import HTTPConnection, HTTPException, HTTPResponse, HTTPSConnection
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
+from .client import _from_connect, _parse_duration, _wrap
 from .errors import FenceError, UnavailableError
 from .keys import _parse_time as _parse_rfc3339
 
@@ -105,8 +106,6 @@ class Event:
 
     @classmethod
     def _of(cls, e: Dict[str, Any]) -> "Event":
-        from .client import _parse_duration
-
         k = e.get("kind", "")
         return cls(
             position=_int(e.get("position")),
@@ -232,14 +231,14 @@ class Watch:
                         c._cur = (node + 1) % len(c._bases)
                 sleep = random.random() * backoff + 0.001
                 if time.monotonic() + sleep > give_up:
-                    raise _named(self.prefix, err) from None
+                    raise _wrap("watch", self.prefix, err) from None
                 if self._closed.wait(sleep):
                     return
                 backoff = min(2 * backoff, 1.0)
             except FenceError as err:
                 if self._closed.is_set():
                     return
-                raise _named(self.prefix, err) from None
+                raise _wrap("watch", self.prefix, err) from None
 
     def _stream(self, base: str) -> Iterator[Dict[str, Any]]:
         """_stream runs one connection of the watch at base and yields its
@@ -299,8 +298,6 @@ class Watch:
                     if flags & _END:
                         err = msg.get("error") if isinstance(msg, dict) else None
                         if isinstance(err, dict) and err.get("code"):
-                            from .client import _from_connect
-
                             raise _from_connect(err)
                         return
                     yield msg
@@ -353,10 +350,3 @@ def _read_exact(res: HTTPResponse, n: int) -> bytes:
         left -= len(b)
     return b"".join(parts)
 
-
-def _named(prefix: str, err: FenceError) -> FenceError:
-    msg = f"watch {prefix!r}: "
-    if not err.message.startswith(msg):
-        err.message = msg + err.message
-        err.args = (err.message,)
-    return err
