@@ -443,7 +443,7 @@ function causeText(err: unknown): string {
 }
 
 /** delay resolves after ms, or at once when signal aborts. */
-function delay(ms: number, signal?: AbortSignal): Promise<void> {
+export function delay(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     if (signal?.aborted) return resolve();
     const done = () => {

@@ -4,7 +4,7 @@
 // token, so that the ended lease's late writes are refused at the resource
 // before anyone else has written there.
 
-import type { Client } from "./client.js";
+import { delay, type Client } from "./client.js";
 import { FenceError, StaleError } from "./errors.js";
 import type { MarkStore } from "./guard.js";
 import { MAX_TOKEN, validateScope } from "./token.js";
@@ -208,7 +208,7 @@ export class Follower {
         // It never started: what ended meanwhile is known only from the state.
         if (pos === 0n) resync = true;
       }
-      await sleep(Math.random() * backoff + 1, signal);
+      await delay(Math.random() * backoff + 1, signal);
       backoff = Math.min(2 * backoff, 2000);
     }
   }
@@ -318,7 +318,7 @@ export class Follower {
         if (!this.#signal?.aborted) this.#warn(`could not advance the mark of "${scope}" to ${w.token}; retrying`, err);
       }
     }
-    if (failed && this.#signal !== undefined) await sleep(100 + Math.random() * 100, this.#signal);
+    if (failed && this.#signal !== undefined) await delay(100 + Math.random() * 100, this.#signal);
     this.#inflight.delete(scope);
     if (failed) {
       // Back in line, merged with what came meanwhile; the oldest wait counts.
@@ -338,20 +338,6 @@ function isScope(s: string): boolean {
   } catch {
     return false;
   }
-}
-
-/** sleep resolves after ms, or at once when signal aborts. */
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const done = () => {
-      clearTimeout(t);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const t = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-  });
 }
 
 /** quietTimeout tells whether err is, or was caused by, undici's body timeout. */
