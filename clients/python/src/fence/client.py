@@ -547,11 +547,7 @@ class Client:
                 raise _wrap(op, scope, err) from None
             except UnavailableError as err:
                 sleep = random.random() * backoff + 0.001
-                # Only the call that saw the failure moves on: concurrent
-                # calls failing on the same node must not skip the next one.
-                with self._lock:
-                    if self._cur == node:
-                        self._cur = (node + 1) % len(self._bases)
+                self._move_on(node)
                 if time.monotonic() + sleep > give_up:
                     raise _wrap(op, scope, err) from None
                 time.sleep(sleep)
@@ -559,6 +555,15 @@ class Client:
                 attempt += 1
             except FenceError as err:
                 raise _wrap(op, scope, err) from None
+
+    def _move_on(self, node: int) -> None:
+        """_move_on makes the node after node the current one, after a call
+        to node found it unavailable. Only the call that saw the failure
+        moves on: concurrent calls failing on the same node must not skip
+        the next one."""
+        with self._lock:
+            if self._cur == node:
+                self._cur = (node + 1) % len(self._bases)
 
     def _post(
         self,

@@ -226,9 +226,7 @@ class Watch:
             except UnavailableError as err:
                 if self._closed.is_set():
                     return
-                with c._lock:
-                    if c._cur == node:
-                        c._cur = (node + 1) % len(c._bases)
+                c._move_on(node)
                 sleep = random.random() * backoff + 0.001
                 if time.monotonic() + sleep > give_up:
                     raise _wrap("watch", self.prefix, err) from None
@@ -349,4 +347,3 @@ def _read_exact(res: HTTPResponse, n: int) -> bytes:
         parts.append(b)
         left -= len(b)
     return b"".join(parts)
-
