@@ -127,8 +127,8 @@ function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionRepo
  * that starts closes the leases that ended while none ran.
  */
 export function pgMarkAdvancer(db: Queryable, opts: Pick<PgOptions, "schema"> = {}): MarkAdvancer {
-  const fn = pgFunction("fence_advance", opts); // a bad schema fails here
-  const table = pgFunction("fence_tokens", opts);
+  const table = pgFunction("fence_tokens", opts); // a bad schema fails here
+  const schema = { schema: opts.schema }; // the follower's own advances are no rejections to report
   return {
     async scopes(prefix) {
       // The database counts the prefix's characters (JavaScript's length
@@ -136,12 +136,6 @@ export function pgMarkAdvancer(db: Queryable, opts: Pick<PgOptions, "schema"> = 
       const res = (await db.query(`SELECT scope FROM ${table} WHERE left(scope, char_length($1::text)) = $1::text`, [prefix])) as { rows?: { scope: string }[] };
       return (res.rows ?? []).map((r) => r.scope);
     },
-    async advance(scope, token) {
-      try {
-        await db.query(`SELECT ${fn}($1::text, $2::bigint, 0)`, [scope, token.toString()]);
-      } catch (err) {
-        throw pgError(err, undefined, undefined);
-      }
-    },
+    advance: (scope, token) => pgAdvance(db, { version: 1, scope, value: token }, undefined, schema),
   };
 }
