@@ -52,8 +52,7 @@ for (const mode of ["released", "held", "lost", "closed"]) {
 test("a process whose reporter holds a rejection exits by itself, and sends it first", async () => {
   const scope = "ts/idle/reported";
   const r = await runChild("reported", scope);
-  assert.equal(r.code, 0, `the child did not exit by itself within ${EXIT_MS}ms (killed: code ${r.code}):\n${r.out}`);
-  assert.ok(r.ms < 5_000, `the child took ${r.ms}ms to exit: its reporter's timer of a minute held it`);
+  assert.equal(r.code, 0, `the child did not exit by itself within ${EXIT_MS}ms, far less than its reporter's timer of a minute (killed: code ${r.code}):\n${r.out}`);
   assert.match(r.out, /^done$/m);
   const rows = await reportedOnStatusPage(fenced.url, scope);
   assert.deepEqual(rows.map((row) => [row[1], row[2], row[4], row[5]]), [["1", "41", "42", "idle-reporter"]], "sent before the exit");
