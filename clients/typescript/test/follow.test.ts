@@ -317,12 +317,17 @@ for (const [name, url, open] of stores) {
   });
 }
 
+/** planted plants the marks names (under base/) and returns what g's advancer lists under base/ + prefix, without base/, sorted. */
+async function planted(g: Guarded, base: string, names: string[]): Promise<(prefix: string) => Promise<string[]>> {
+  for (const n of names) await g.plant(n);
+  return async (prefix) => (await g.marks.scopes!(`${base}/${prefix}`)).map((s) => s.slice(base.length + 1)).sort();
+}
+
 test("redis: the advancer lists the marks under a prefix, its glob characters and non-ASCII ones taken literally", { skip: redisURL === undefined && "FENCE_TEST_REDIS is not set" }, async () => {
   const g = await redis();
   const base = `ts/follow-scan/${run}`;
   const names = ["a1", "ab", "a*x", "a?", "[ab]", "\\b", "é/x", "😀x", "e"].map((n) => `${base}/${n}`);
-  for (const n of names) await g.plant(n);
-  const scopes = async (prefix: string) => (await g.marks.scopes!(`${base}/${prefix}`)).map((s) => s.slice(base.length + 1)).sort();
+  const scopes = await planted(g, base, names);
   assert.deepEqual(await scopes("a"), ["a*x", "a1", "a?", "ab"]);
   assert.deepEqual(await scopes("a*"), ["a*x"]);
   assert.deepEqual(await scopes("a?"), ["a?"]);
@@ -353,8 +358,7 @@ test("postgres: the advancer lists the marks under a prefix, counting its non-AS
   const g = await postgres();
   const base = `ts/follow-list/${run}`;
   const names = ["a1", "ab", "a_b", "a%", "é/x", "😀x", "😀", "e"].map((n) => `${base}/${n}`);
-  for (const n of names) await g.plant(n);
-  const scopes = async (prefix: string) => (await g.marks.scopes!(`${base}/${prefix}`)).map((s) => s.slice(base.length + 1)).sort();
+  const scopes = await planted(g, base, names);
   assert.deepEqual(await scopes("a"), ["a%", "a1", "a_b", "ab"]);
   assert.deepEqual(await scopes("a_"), ["a_b"]);
   assert.deepEqual(await scopes("a%"), ["a%"]);
