@@ -173,9 +173,23 @@ func TestLeaseIDsStaySecret(t *testing.T) {
 	}
 	texts["watch events"] = events.waitFor(ctx, t, "released secret/start")
 
-	log, err := os.ReadFile(s.log)
-	if err != nil {
-		t.Fatal(err)
+	// fenced writes its event lines from a goroutine of its own, in order,
+	// some time after the watch has the event: once the last one's line
+	// is in the log, every earlier one's is.
+	var log []byte
+	for {
+		var err error
+		if log, err = os.ReadFile(s.log); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), `msg="lease released" scope=secret/start `) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("fenced's log has no line for the release of secret/start:\n%s", log)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	texts["fenced log"] = string(log)
 	if strings.Contains(string(log), " lease_id=") {
