@@ -406,15 +406,14 @@ func TestExpiryTakeover(t *testing.T) {
 	var old leaseOutput
 	s.wantJSON(t, 0, &old, "acquire", "jobs", "--holder", "a", "--ttl", "1s")
 
-	start := time.Now()
+	// A lease that never expired would keep b waiting until --timeout,
+	// which fails with status 3: a bound on a hang, generous for a busy
+	// machine, not a measure of how soon the expiry came.
 	var next leaseOutput
-	s.wantJSON(t, 0, &next, "acquire", "jobs", "--holder", "b", "--wait", "--timeout", "5s")
+	s.wantJSON(t, 0, &next, "acquire", "jobs", "--holder", "b", "--wait", "--timeout", "20s")
 	checkLease(t, next, "jobs", "b", 10*time.Second)
 	if next.Token <= old.Token {
 		t.Errorf("token after expiry %d, not greater than %d", next.Token, old.Token)
-	}
-	if d := time.Since(start); d > 4*time.Second {
-		t.Errorf("the waiting acquire took %v for a 1s lease", d)
 	}
 
 	var lost errorOutput
@@ -431,12 +430,10 @@ func TestWaitTimeout(t *testing.T) {
 	s := startFenced(t)
 	var l leaseOutput
 	s.wantJSON(t, 0, &l, "acquire", "busy", "--holder", "a", "--ttl", "30s")
-	start := time.Now()
+	// Status 3 and the message show that --timeout ended the wait: without
+	// it, b would wait out a's 30s lease and get the scope (status 0).
 	r := s.want(t, 3, "acquire", "busy", "--holder", "b", "--wait", "--timeout", "300ms")
 	wantStderr(t, r, "gave up after --timeout 300ms", `held by "a"`, fmt.Sprintf("token %d", l.Token))
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("--timeout 300ms took %v", d)
-	}
 	var st getOutput
 	s.wantJSON(t, 0, &st, "get", "busy")
 	if st.Token != l.Token || st.Holder != "a" || *st.Waiters != 0 {
