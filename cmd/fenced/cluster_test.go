@@ -77,8 +77,13 @@ func startCluster(t testing.TB, n int, extra ...string) *testCluster {
 
 func (c *testCluster) start(nd *clusterNode) {
 	c.t.Helper()
-	args := append([]string{"--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.proxy.addr, "--election-timeout", "500ms"}, nd.joinArgs...)
-	nd.p = startProc(c.t, nd.dataDir, nd.api, args...)
+	nd.p = startProc(c.t, nd.dataDir, nd.api, nd.args()...)
+}
+
+// args are nd's command-line arguments, but for its data directory and
+// API address.
+func (nd *clusterNode) args() []string {
+	return append([]string{"--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.proxy.addr, "--election-timeout", "500ms"}, nd.joinArgs...)
 }
 
 // addrs is the client's address list: every node.

@@ -352,7 +352,10 @@ func written(t *testing.T, path string) int {
 	return n
 }
 
-func flipByte(t *testing.T, path string, off int64) {
+func flipByte(t *testing.T, path string, off int64) { xorByte(t, path, off, 0x5a) }
+
+// xorByte changes the byte at off in the file at path by mask.
+func xorByte(t *testing.T, path string, off int64, mask byte) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
@@ -363,7 +366,7 @@ func flipByte(t *testing.T, path string, off int64) {
 	if _, err := f.ReadAt(b, off); err != nil {
 		t.Fatal(err)
 	}
-	b[0] ^= 0x5a
+	b[0] ^= mask
 	if _, err := f.WriteAt(b, off); err != nil {
 		t.Fatal(err)
 	}
@@ -495,6 +498,61 @@ func TestStorageFaultsNoSnapshot(t *testing.T) {
 				t.Errorf("want a refusal that says what to do; fenced said: %q", said)
 			}
 		})
+	}
+}
+
+// TestLogDamagedWhileRunning: a byte of the leader's log changes on disk
+// after the leader checked the log at start, and a follower that was down
+// catches up from that copy: it stores the entry under a CRC of its own,
+// so only the checksum the entry was proposed with tells. The follower
+// must stop at the entry, saying why, never apply it as a grant of
+// another scope, while the leader and the third node go on serving.
+func TestLogDamagedWhileRunning(t *testing.T) {
+	c := startCluster(t, 3)
+	defer dumpLogs(t, c)
+	leader := c.leader()
+	behind := c.others(leader)[0]
+	behind.p.kill(t)
+
+	cl := newClient(t, leader.api, client.WithRetryTimeout(10*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 20 {
+		if _, err := cl.Grant(ctx, fmt.Sprintf("runtime/%02d", i), client.WithTTL(5*time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One letter: "runtime/07" reads "buntime/07", a valid scope.
+	damaged := false
+	for _, seg := range walFiles(t, leader.dataDir) {
+		b, err := os.ReadFile(seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at := bytes.Index(b, []byte("runtime/07")); at >= 0 {
+			xorByte(t, seg, int64(at), 0x10)
+			damaged = true
+			break
+		}
+	}
+	if !damaged {
+		t.Fatal("no runtime/07 in the leader's log")
+	}
+
+	behind.p = spawn(t, behind.dataDir, behind.api, behind.args()...)
+	select {
+	case <-behind.p.exit:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the follower went on for 30s after catching up from a damaged entry")
+	}
+	out, _ := os.ReadFile(behind.p.log)
+	if !bytes.Contains(out, []byte("does not match its checksum")) {
+		t.Errorf("the follower stopped without saying the entry is damaged:\n%s", tail(out, 2000))
+	}
+	// The others still serve the scope as granted.
+	st, err := cl.Get(ctx, "runtime/07")
+	if err != nil || st.Lease == nil {
+		t.Errorf("runtime/07 at the leader: %+v, %v; want held", st, err)
 	}
 }
 

@@ -35,17 +35,26 @@ const probeByte = 0xf5
 const probeInterval = 30 * time.Second
 
 // HaltError is what a node panics with when it meets a log entry it does
-// not understand. Raft has applied every entry before it, and applies
-// nothing after it: the process stops, and stops again at the same entry
-// after every restart, until it runs a build that understands the entry.
-// The other replicas are unharmed.
+// not understand, or one that does not match its checksum. Raft has
+// applied every entry before it, and applies nothing after it: the
+// process stops, and stops again at the same entry after every restart,
+// until it runs a build that understands the entry, or its copy is
+// replaced. The other replicas are unharmed.
 type HaltError struct {
 	Index uint64 // the Raft index of the entry
 	Dir   string // the data directory
-	Err   error  // wraps fsm.ErrUnknownEntry
+	Err   error  // wraps fsm.ErrUnknownEntry or ErrDamagedEntry
 }
 
 func (e *HaltError) Error() string {
+	if errors.Is(e.Err, ErrDamagedEntry) {
+		return fmt.Sprintf("raftnode: stopped before log entry %d of the Raft log in %s: %v. "+
+			"The entry changed after it was proposed: on this node's disk, or on the disk of the node it was copied from. "+
+			"If other nodes stop at the same entry, restart the node they copied it from (a node checks its whole log at start) or replace it. "+
+			"Then, in a cluster, replace this node (move its data directory away and add it again); "+
+			"alone, restore the data directory from a backup, whose next tokens the token floor keeps above every one issued (docs/operations.md)",
+			e.Index, e.Dir, e.Err)
+	}
 	return fmt.Sprintf("raftnode: stopped before log entry %d of the Raft log in %s, which this build does not understand (%v). "+
 		"Either a newer build raised the cluster's log format (this build knows 1 to %d): run that build here (docs/upgrade.md). "+
 		"Or this node's copy of the entry is damaged: in a cluster, replace this node (move its data directory away and add it again); "+
@@ -55,14 +64,18 @@ func (e *HaltError) Error() string {
 
 func (e *HaltError) Unwrap() error { return e.Err }
 
-// halt stops the node at the entry l, which it cannot decode: it logs why,
-// then panics, so that Raft's goroutine that applies entries, and with it
-// the process, stops there. Returning would let Raft go on to the next
+// halt stops the node at the entry l, which it cannot decode or which is
+// damaged: it logs why, then panics, so that Raft's goroutine that
+// applies entries, and with it the process, stops there. Returning would let Raft go on to the next
 // entry and count this one as applied; recording it as invalid would apply
 // it otherwise than the replicas that understand it.
 func (m *machine) halt(l *raft.Log, err error) {
 	h := &HaltError{Index: l.Index, Dir: m.cfg.DataDir, Err: err}
-	m.cfg.Logger.Error("stopping: a log entry this build does not understand", "index", l.Index, "term", l.Term,
+	what := "stopping: a log entry this build does not understand"
+	if errors.Is(err, ErrDamagedEntry) {
+		what = "stopping: a damaged log entry"
+	}
+	m.cfg.Logger.Error(what, "index", l.Index, "term", l.Term,
 		"err", err, "known_log_formats", fmt.Sprintf("1-%d", fsm.LogFormat))
 	panic(h)
 }

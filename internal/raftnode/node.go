@@ -315,7 +315,8 @@ func (n *Node) Apply(ctx context.Context, c fsm.Command) (fsm.Result, error) {
 		return fsm.Result{}, errClosed
 	}
 	defer n.calls.RUnlock()
-	f := n.raft.Apply(c.EncodeFor(n.Format()), timeout(ctx, 10*time.Second))
+	data := c.EncodeFor(n.Format())
+	f := n.raft.ApplyLog(raft.Log{Data: data, Extensions: entrySum(data)}, timeout(ctx, 10*time.Second))
 	if err := f.Error(); err != nil {
 		return fsm.Result{}, raftError(err)
 	}
@@ -478,8 +479,12 @@ func (m *machine) ApplyBatch(logs []*raft.Log) []any {
 			out[i] = fsm.Result{Outcome: fsm.NoOp}
 			continue
 		}
-		c, err := fsm.DecodeCommand(l.Data)
-		if errors.Is(err, fsm.ErrUnknownEntry) {
+		err := checkSum(l)
+		var c fsm.Command
+		if err == nil {
+			c, err = fsm.DecodeCommand(l.Data)
+		}
+		if errors.Is(err, fsm.ErrUnknownEntry) || errors.Is(err, ErrDamagedEntry) {
 			m.mu.Unlock()
 			m.halt(l, err)
 		}
