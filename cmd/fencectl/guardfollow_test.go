@@ -41,7 +41,9 @@ func TestGuardFollow(t *testing.T) {
 		ctx := context.Background()
 		ttl := time.Minute
 		if end == "expired" {
-			ttl = 100 * time.Millisecond
+			// Long enough for the holder's write to land before the
+			// follower closes the token, even on a busy machine.
+			ttl = time.Second
 		}
 		l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
 		if err != nil {

@@ -83,7 +83,10 @@ func TestFollowRefusesEndedLease(t *testing.T) {
 			scope := "orders/" + end
 			ttl := time.Minute
 			if end == "expired" {
-				ttl = 100 * time.Millisecond // granted, never renewed
+				// Granted, never renewed; long enough for the holder's write
+				// to land before the follower closes the token, even on a
+				// busy machine.
+				ttl = time.Second
 			}
 			l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
 			if err != nil {
