@@ -66,7 +66,8 @@ so Go and other writers of a scope share one mark.
                                           fence_row_insert and fence_row_delete
   redis://[:PASSWORD@]HOST:PORT[/DB]      the Redis 7 function library ` + redisguard.LibraryName + `:
                                           fence_set, fence_del, fence_hset,
-                                          fence_incrby
+                                          fence_incrby, fence_advance (the
+                                          check alone, no write)
 
 postgresql://, mariadb:// and rediss:// (TLS) work too. Installing again
 replaces the functions and keeps the marks. A stale token fails with
@@ -156,7 +157,7 @@ func parseGuardTarget(raw string) (*guardTarget, error) {
 		t.script, err = sqlguard.MySQL.InstallSQL()
 	case "redis", "rediss":
 		t.kind = "redis"
-		t.installed = []string{"function library " + redisguard.LibraryName + ": fence_set, fence_del, fence_hset, fence_incrby"}
+		t.installed = []string{"function library " + redisguard.LibraryName + ": fence_set, fence_del, fence_hset, fence_incrby, fence_advance"}
 		t.install = func(ctx context.Context) error { return installRedis(ctx, raw) }
 		t.script = redisguard.Library()
 	default:

@@ -54,16 +54,24 @@
 // # Writers in other languages
 //
 // Library is a Redis Functions library (Redis 7.0 or later), named
-// LibraryName ("fence_v1"), with fenced SET, DEL, HSET and INCRBY for
-// clients in any language. LoadLibrary (or `fencectl guard install
-// redis://...`) loads it. The functions keep marks where a Guard with
-// DefaultPrefix does and decide with the same Lua (rule.lua), so Go and
-// FCALL writers of a scope share one mark:
+// LibraryName ("fence_v1"), with fenced SET, DEL, HSET and INCRBY, and a
+// check and advance with no write, for clients in any language.
+// LoadLibrary (or `fencectl guard install redis://...`) loads it. The
+// functions keep marks where a Guard with DefaultPrefix does and decide
+// with the same Lua (rule.lua), so Go and FCALL writers of a scope share
+// one mark:
 //
-//	FCALL fence_set    2   fence:{S} KEY   TOKEN SEQ VALUE [SET option ...]
-//	FCALL fence_del    1+N fence:{S} KEY... TOKEN SEQ
-//	FCALL fence_hset   2   fence:{S} KEY   TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
-//	FCALL fence_incrby 2   fence:{S} KEY   TOKEN SEQ INCREMENT
+//	FCALL fence_set     2   fence:{S} KEY    TOKEN SEQ VALUE [SET option ...]
+//	FCALL fence_del     1+N fence:{S} KEY... TOKEN SEQ
+//	FCALL fence_hset    2   fence:{S} KEY    TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
+//	FCALL fence_incrby  2   fence:{S} KEY    TOKEN SEQ INCREMENT
+//	FCALL fence_advance 1   fence:{S}        TOKEN SEQ
+//
+// fence_advance is PostgreSQL's and MySQL's fence_advance for Redis: it
+// takes the mark alone (a data key, or an argument after SEQ, is refused),
+// checks the token as the writes do, advances the mark and answers OK,
+// for a caller whose write lands elsewhere or that only moves marks (a
+// follower of the service's leases).
 //
 // The first key is the scope's mark exactly as DefaultPrefix makes it,
 // "fence:{S}": a key of any other prefix would be a fresh mark that no

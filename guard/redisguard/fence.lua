@@ -1,18 +1,23 @@
 -- fence's guard as Redis functions, for writers in any language: fenced
--- SET, DEL, HSET and INCRBY, called with FCALL. Library() puts the
--- library's first line and rule.lua (less, check, advance) before this.
+-- SET, DEL, HSET and INCRBY, and a check and advance of the mark with no
+-- write, called with FCALL. Library() puts the library's first line and
+-- rule.lua (less, check, advance) before this.
 --
---   FCALL fence_set    2   MARK KEY     TOKEN SEQ VALUE [SET option ...]
---   FCALL fence_del    1+N MARK KEY...  TOKEN SEQ
---   FCALL fence_hset   2   MARK KEY     TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
---   FCALL fence_incrby 2   MARK KEY     TOKEN SEQ INCREMENT
+--   FCALL fence_set     2   MARK KEY     TOKEN SEQ VALUE [SET option ...]
+--   FCALL fence_del     1+N MARK KEY...  TOKEN SEQ
+--   FCALL fence_hset    2   MARK KEY     TOKEN SEQ FIELD VALUE [FIELD VALUE ...]
+--   FCALL fence_incrby  2   MARK KEY     TOKEN SEQ INCREMENT
+--   FCALL fence_advance 1   MARK         TOKEN SEQ
 --
 -- MARK is the scope's mark as redisguard keeps it: "fence:{SCOPE}" (the
 -- hash tag is the scope), and nothing else: a key of another prefix is
 -- refused, since it would be a fresh mark of its own. Every KEY must carry the same tag, as
 -- redisguard.Key makes them ("{SCOPE}:name"), so that Go and FCALL writers
--- share one mark. TOKEN is 1 to 2^63-1, SEQ 0 (none) to 2^64-1, both in
--- decimal. A stale write returns the error
+-- share one mark. fence_advance takes the mark alone: it checks the token
+-- as the others do and advances the mark, writing nothing else (what
+-- PostgreSQL's and MySQL's fence_advance do), and answers OK. TOKEN is 1
+-- to 2^63-1, SEQ 0 (none) to 2^64-1, both in decimal. A stale call returns
+-- the error
 --   STALE scope=S presented_token=T highest_token=H presented_seq=Q highest_seq=R
 -- and changes nothing; bad arguments return an error starting "ERR fence:".
 -- Sequences follow the non-strict rule: an equal sequence is accepted.
@@ -66,15 +71,24 @@ local function owns(scope, key)
   return nil
 end
 
--- fenced checks a write's keys and token, runs op if the token is current,
--- advances the mark and returns op's reply. A write of one key (one) gets
--- exactly the mark and that key; op needs at least nargs arguments.
-local function fenced(keys, args, one, nargs, op)
-  if #keys < 2 or (one and #keys ~= 2) then
-    return bad(one and 'want 2 keys: the mark and the key' or 'want the mark and at least one key')
+-- want_keys says what a call of ndata data keys (nil: one or more) takes.
+local want_keys = {
+  [0] = 'want 1 key: the mark alone, "fence:{SCOPE}"; fence_advance writes no data key',
+  [1] = 'want 2 keys: the mark and the key',
+  any = 'want the mark and at least one key',
+}
+
+-- fenced checks a call's keys and token, runs op if the token is current,
+-- advances the mark and returns op's reply. keys are the mark and then
+-- exactly ndata data keys, or at least one when ndata is nil; op needs at
+-- least nargs arguments after TOKEN and SEQ.
+local function fenced(keys, args, ndata, nargs, op)
+  local n = #keys - 1
+  if (ndata and n ~= ndata) or (not ndata and n < 1) then
+    return bad(want_keys[ndata or 'any'])
   end
   if #args < 2 + nargs then
-    return bad(string.format('want TOKEN SEQ and at least %d more arguments', nargs))
+    return bad(ndata == 0 and 'want TOKEN SEQ' or string.format('want TOKEN SEQ and at least %d more arguments', nargs))
   end
   local scope, err = scope_of(keys[1])
   if err then return err end
@@ -96,14 +110,24 @@ local function fenced(keys, args, one, nargs, op)
 end
 
 redis.register_function('fence_set', function(keys, args)
-  return fenced(keys, args, true, 1, function(k, a) return redis.call('SET', k[1], unpack(a)) end)
+  return fenced(keys, args, 1, 1, function(k, a) return redis.call('SET', k[1], unpack(a)) end)
 end)
 redis.register_function('fence_del', function(keys, args)
-  return fenced(keys, args, false, 0, function(k) return redis.call('DEL', unpack(k)) end)
+  return fenced(keys, args, nil, 0, function(k) return redis.call('DEL', unpack(k)) end)
 end)
 redis.register_function('fence_hset', function(keys, args)
-  return fenced(keys, args, true, 2, function(k, a) return redis.call('HSET', k[1], unpack(a)) end)
+  return fenced(keys, args, 1, 2, function(k, a) return redis.call('HSET', k[1], unpack(a)) end)
 end)
 redis.register_function('fence_incrby', function(keys, args)
-  return fenced(keys, args, true, 1, function(k, a) return redis.call('INCRBY', k[1], unpack(a)) end)
+  return fenced(keys, args, 1, 1, function(k, a) return redis.call('INCRBY', k[1], unpack(a)) end)
+end)
+-- fence_advance is the check and advance alone, for a caller that writes
+-- elsewhere or only moves the mark (a follower of the service's leases).
+-- It takes TOKEN SEQ and nothing more, so that a misplaced value is refused
+-- rather than ignored.
+redis.register_function('fence_advance', function(keys, args)
+  if #args > 2 then
+    return bad('fence_advance takes TOKEN SEQ and nothing more')
+  end
+  return fenced(keys, args, 0, 0, function() return redis.status_reply('OK') end)
 end)

@@ -289,25 +289,31 @@ func TestFunctions(t *testing.T) {
 
 // TestFunctionsProtocolVectors runs the comparison cases of the guard
 // protocol's test vectors (testdata/protocol/vectors.json) through FCALL
-// fence_set: the mark at the case's highest token and sequence, then the
-// presented one, accepted or refused as stale as the case says.
+// fence_set and through fence_advance: the mark at the case's highest
+// token and sequence, then the presented one, accepted or refused as stale
+// as the case says.
 func TestFunctionsProtocolVectors(t *testing.T) {
 	url := testRedisURL(t)
 	rdb := testRedis(t)
-	for _, c := range guardtest.CompareVectors(t) {
-		sc := newScope(t, rdb)
-		set := func(token string, seq uint64) string {
-			return fmt.Sprintf("FCALL fence_set 2 fence:{%s} {%s}:v %s %d x", sc, sc, token, seq)
-		}
-		if r := one(t, url, set(c.Highest, c.HighestSequence)); r != "OK" {
-			t.Fatalf("%s: setting the mark at %s: %q", c.Why, c.Highest, r)
-		}
-		r := one(t, url, set(c.Presented, c.PresentedSequence))
-		switch {
-		case c.Accepted && r != "OK":
-			t.Errorf("%s (%s after %s): %q, want OK", c.Why, c.Presented, c.Highest, r)
-		case !c.Accepted && !strings.HasPrefix(r, "STALE "):
-			t.Errorf("%s (%s after %s): %q, want STALE", c.Why, c.Presented, c.Highest, r)
+	for _, fn := range []string{"fence_set", "fence_advance"} {
+		for _, c := range guardtest.CompareVectors(t) {
+			sc := newScope(t, rdb)
+			call := func(token string, seq uint64) string {
+				if fn == "fence_advance" {
+					return fmt.Sprintf("FCALL fence_advance 1 fence:{%s} %s %d", sc, token, seq)
+				}
+				return fmt.Sprintf("FCALL fence_set 2 fence:{%s} {%s}:v %s %d x", sc, sc, token, seq)
+			}
+			if r := one(t, url, call(c.Highest, c.HighestSequence)); r != "OK" {
+				t.Fatalf("%s: %s: setting the mark at %s: %q", fn, c.Why, c.Highest, r)
+			}
+			r := one(t, url, call(c.Presented, c.PresentedSequence))
+			switch {
+			case c.Accepted && r != "OK":
+				t.Errorf("%s: %s (%s after %s): %q, want OK", fn, c.Why, c.Presented, c.Highest, r)
+			case !c.Accepted && !strings.HasPrefix(r, "STALE "):
+				t.Errorf("%s: %s (%s after %s): %q, want STALE", fn, c.Why, c.Presented, c.Highest, r)
+			}
 		}
 	}
 }
@@ -339,5 +345,134 @@ func TestFunctionsRefuseMistypedMark(t *testing.T) {
 	}
 	if r := cli(t, url, "GET {"+sc+"}:v\nHGET fence:{"+sc+"} token\n"); !slices.Equal(r, []string{"current", "9"}) {
 		t.Errorf("value and mark %q, want the current write and 9", r)
+	}
+}
+
+// fadvance is FCALL fence_advance on scope's mark.
+func fadvance(scope string, token, seq uint64) string {
+	return fmt.Sprintf("FCALL fence_advance 1 fence:{%s} %d %d", scope, token, seq)
+}
+
+// wantMark fails t unless scope's mark is token and seq and the scope has
+// no key but its mark: fence_advance writes nothing else.
+func wantMark(t *testing.T, url, scope, token, seq string) {
+	t.Helper()
+	if r := cli(t, url, "HMGET fence:{"+scope+"} token seq\n"); !slices.Equal(r, []string{token, seq}) {
+		t.Errorf("mark %q, want %s %s", r, token, seq)
+	}
+	if keys, err := testRedis(t).Keys(ctx, "*{"+scope+"}*").Result(); err != nil || !slices.Equal(keys, []string{"fence:{" + scope + "}"}) {
+		t.Errorf("the scope's keys %q (%v), want its mark alone", keys, err)
+	}
+}
+
+// TestFunctionsAdvance: fence_advance checks a token as the writes do and
+// moves the mark, with no write, so that writes and calls it superseded
+// are refused afterwards; a stale call changes nothing.
+func TestFunctionsAdvance(t *testing.T) {
+	url := testRedisURL(t)
+	rdb := testRedis(t)
+	sc := newScope(t, rdb)
+	stale := func(token, highest, seq, highestSeq uint64) string {
+		return fmt.Sprintf("STALE scope=%s presented_token=%d highest_token=%d presented_seq=%d highest_seq=%d", sc, token, highest, seq, highestSeq)
+	}
+	if r := one(t, url, fadvance(sc, 7, 0)); r != "OK" {
+		t.Fatalf("advance to 7 on no mark: %q, want OK", r)
+	}
+	wantMark(t, url, sc, "7", "0")
+
+	// A write of a lower token is stale and writes nothing.
+	wantStaleReply(t, one(t, url, fset(sc, 6, "late")), sc, 6, 7)
+	if n, err := rdb.Exists(ctx, redisguard.Key(sc, "v")).Result(); err != nil || n != 0 {
+		t.Fatalf("the stale write's key exists (%d, %v)", n, err)
+	}
+	// So is a Go Guard's, which reads the same mark.
+	var se *guard.StaleError
+	if err := set(redisguard.New(rdb, redisguard.WithLogger(slog.New(slog.DiscardHandler))), wr(sc, 6, 0)); !errors.As(err, &se) || se.Highest != 7 {
+		t.Fatalf("Go write of 6 after fence_advance's 7: %v, want stale against 7", err)
+	}
+	// And an advance of a lower token, which leaves the mark where it was.
+	if r := one(t, url, fadvance(sc, 6, 0)); r != stale(6, 7, 0, 0) {
+		t.Fatalf("advance to 6 after 7: %q, want %q", r, stale(6, 7, 0, 0))
+	}
+	wantMark(t, url, sc, "7", "0")
+
+	// An equal token advances the sequence, an equal sequence is accepted
+	// and changes nothing, and a lower one is stale.
+	if r := one(t, url, fadvance(sc, 7, 3)); r != "OK" {
+		t.Fatalf("advance to 7 sequence 3: %q, want OK", r)
+	}
+	wantMark(t, url, sc, "7", "3")
+	if r := one(t, url, fadvance(sc, 7, 3)); r != "OK" {
+		t.Fatalf("advance to 7 sequence 3 again: %q, want OK", r)
+	}
+	if r := one(t, url, fadvance(sc, 7, 2)); r != stale(7, 7, 2, 3) {
+		t.Fatalf("advance to 7 sequence 2 after 3: %q, want %q", r, stale(7, 7, 2, 3))
+	}
+	wantMark(t, url, sc, "7", "3")
+	if r := one(t, url, fmt.Sprintf("FCALL fence_set 2 fence:{%s} {%s}:v 7 2 late", sc, sc)); r != stale(7, 7, 2, 3) {
+		t.Fatalf("write of 7 sequence 2 after advance to 3: %q, want %q", r, stale(7, 7, 2, 3))
+	}
+	// A token of no sequence is not below any sequence of its own value.
+	if r := one(t, url, fadvance(sc, 7, 0)); r != "OK" {
+		t.Fatalf("advance to 7 sequence 0 after 3: %q, want OK", r)
+	}
+	wantMark(t, url, sc, "7", "3")
+
+	// A greater token starts its own sequence, and its writes pass.
+	if r := one(t, url, fadvance(sc, 8, 0)); r != "OK" {
+		t.Fatalf("advance to 8: %q, want OK", r)
+	}
+	wantMark(t, url, sc, "8", "0")
+	if r := one(t, url, fset(sc, 8, "current")); r != "OK" {
+		t.Fatalf("write of 8 after advance to 8: %q, want OK", r)
+	}
+	if r := one(t, url, fadvance(sc, fence.MaxToken, 0)); r != "OK" {
+		t.Fatalf("advance to 2^63-1: %q, want OK", r)
+	}
+	wantStaleReply(t, one(t, url, fadvance(sc, fence.MaxToken-1, 0)), sc, fence.MaxToken-1, fence.MaxToken)
+}
+
+// TestFunctionsAdvanceRefuses: fence_advance takes the mark alone and
+// TOKEN SEQ, checked as the writes check them; a malformed call is refused
+// with ERR fence: and changes nothing, and a mark key of the wrong form is
+// never created.
+func TestFunctionsAdvanceRefuses(t *testing.T) {
+	url := testRedisURL(t)
+	rdb := testRedis(t)
+	sc := newScope(t, rdb)
+	m := "fence:{" + sc + "}"
+	if r := one(t, url, fadvance(sc, 5, 1)); r != "OK" {
+		t.Fatalf("advance to 5 sequence 1: %q", r)
+	}
+	for _, c := range []struct{ call, want string }{
+		{"FCALL fence_advance 0 9 0", "ERR fence: want 1 key: the mark alone"},
+		{"FCALL fence_advance 2 " + m + " {" + sc + "}:v 9 0", "ERR fence: want 1 key: the mark alone"},
+		{"FCALL fence_advance 2 " + m + " " + m + " 9 0", "ERR fence: want 1 key: the mark alone"},
+		{"FCALL fence_advance 1 " + m + " 9 0 value", "ERR fence: fence_advance takes TOKEN SEQ and nothing more"},
+		{"FCALL fence_advance 1 " + m + " 9", "ERR fence: want TOKEN SEQ"},
+		{"FCALL fence_advance 1 " + m, "ERR fence: want TOKEN SEQ"},
+		{"FCALL fence_advance 1 " + m + " 0 0", `ERR fence: token "0" is not a decimal integer from 1 to 9223372036854775807`},
+		{"FCALL fence_advance 1 " + m + " 09 0", `ERR fence: token "09"`},
+		{"FCALL fence_advance 1 " + m + " -9 0", `ERR fence: token "-9"`},
+		{"FCALL fence_advance 1 " + m + " 9.0 0", `ERR fence: token "9.0"`},
+		{"FCALL fence_advance 1 " + m + " 9223372036854775808 0", `ERR fence: token "9223372036854775808"`},
+		{"FCALL fence_advance 1 " + m + " 9 -1", `ERR fence: sequence "-1" is not a decimal integer from 0 to 18446744073709551615`},
+		{"FCALL fence_advance 1 " + m + " 9 01", `ERR fence: sequence "01"`},
+		{"FCALL fence_advance 1 " + m + " 9 18446744073709551616", `ERR fence: sequence "18446744073709551616"`},
+		{"FCALL fence_advance 1 {" + sc + "} 9 0", `ERR fence: the first key, "{` + sc + `}", is not the mark of a scope`},
+		{"FCALL fence_advance 1 fense:{" + sc + "} 9 0", `ERR fence: the first key, "fense:{` + sc + `}", is not the mark of a scope`},
+		{"FCALL fence_advance 1 app:" + m + " 9 0", `ERR fence: the first key, "app:` + m + `", is not the mark of a scope`},
+		{"FCALL fence_advance 1 {" + sc + "}:v 9 0", `ERR fence: the first key, "{` + sc + `}:v", is not the mark of a scope`},
+		{"FCALL fence_advance 1 fence:{a/../b} 9 0", `ERR fence: "a/../b" is not a scope`},
+	} {
+		if r := one(t, url, c.call); !strings.HasPrefix(r, c.want) {
+			t.Errorf("%s: %q, want %q...", c.call, r, c.want)
+		}
+	}
+	wantMark(t, url, sc, "5", "1")
+	for _, k := range []string{"fense:{" + sc + "}", "app:" + m} {
+		if n, err := rdb.Exists(ctx, k).Result(); err != nil || n != 0 {
+			t.Errorf("%q exists (%d, %v), want it never created", k, n, err)
+		}
 	}
 }
