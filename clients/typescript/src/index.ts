@@ -19,7 +19,7 @@ export { KeySet, RemoteKeySet, type KeysFile, type Verifier } from "./keys.js";
 export { formatToken, isSigned, MAX_TOKEN, parseToken, parseValue, signedPayload, validateScope, type Token } from "./token.js";
 export { pgAdvance, pgFenced, pgMarkAdvancer, type PgOptions, type Queryable } from "./pg.js";
 export type { Presented } from "./presented.js";
-export { dataKey, FOLLOW_KEY, markKey, redisDel, redisHset, redisIncrby, redisMarkAdvancer, redisSet, type RedisLike, type RedisWriteOptions } from "./redis.js";
+export { dataKey, markKey, redisDel, redisHset, redisIncrby, redisMarkAdvancer, redisSet, type RedisLike, type RedisWriteOptions } from "./redis.js";
 export { MAX_REPORT, Reporter, type Rejection, type RejectionReporter, type ReporterOptions } from "./report.js";
 export { Follower, markStoreAdvancer, type FollowerOptions, type MarkAdvancer } from "./follow.js";
 export type { EventKind, WatchEvent, WatchOptions, WatchResponse } from "./watch.js";

@@ -96,20 +96,10 @@ function redisError(err: unknown, lease: Lease | undefined, reporter: RejectionR
 }
 
 /**
- * FOLLOW_KEY is the name, under each scope's tag, of the key a
- * redisMarkAdvancer deletes to advance the scope's mark: "{SCOPE}:" +
- * FOLLOW_KEY. The library has no advance without a write, and deleting a
- * key nobody writes is the write that changes nothing. Do not store data
- * under it.
- */
-export const FOLLOW_KEY = "fence-follow:none";
-
-/**
  * redisMarkAdvancer advances marks in Redis for a Follower, with the
- * writers' own check: FCALL fence_del on the mark fence:{SCOPE} and the key
- * dataKey(scope, FOLLOW_KEY), which moves the mark up and never back (a mark
- * already past answers STALE, which counts as done) and deletes a key that
- * does not exist.
+ * writers' own check: FCALL fence_advance on the mark fence:{SCOPE}, which
+ * moves the mark up and never back (a mark already past answers STALE,
+ * which counts as done) and writes nothing else.
  *
  * Its scopes(prefix) lists the scopes under prefix that have a mark, with
  * SCAN MATCH fence:{PREFIX*} (the prefix's glob characters quoted), so
@@ -119,7 +109,7 @@ export const FOLLOW_KEY = "fence-follow:none";
 export function redisMarkAdvancer(redis: RedisLike): MarkAdvancer {
   return {
     async advance(scope, token) {
-      await fcall(redis, "fence_del", { version: 1, scope, value: token }, [dataKey(scope, FOLLOW_KEY)], [], {});
+      await fcall(redis, "fence_advance", { version: 1, scope, value: token }, [], [], {});
     },
     async scopes(prefix) {
       const start = markKey(prefix).slice(0, -1); // "fence:{PREFIX"

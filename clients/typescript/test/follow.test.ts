@@ -358,6 +358,25 @@ test("redis: the advancer lists the marks under a prefix, its glob characters an
   assert.deepEqual((await redisMarkAdvancer(cluster).scopes!(`${base}/`)).sort(), [...names, `${base}/other-node`].sort());
 });
 
+test("redis: the advancer moves a mark with FCALL fence_advance, never back, and writes no other key", { skip: redisURL === undefined && "FENCE_TEST_REDIS is not set" }, async () => {
+  installGuard(redisURL!);
+  const r = new Redis(redisURL!, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  await r.connect();
+  const scope = `ts/follow-advance/${run}`;
+  after(async () => {
+    await r.del(markKey(scope));
+    await r.quit();
+  });
+  const m = redisMarkAdvancer(r);
+  await m.advance(scope, 5n);
+  assert.deepEqual(await r.hgetall(markKey(scope)), { token: "5", seq: "0" });
+  await assert.rejects(m.advance(scope, 4n), StaleError, "a mark past the token answers STALE, which the Follower counts as done");
+  await m.advance(scope, 5n); // at the token already: done, and no error
+  await m.advance(scope, 7n);
+  assert.deepEqual(await r.hgetall(markKey(scope)), { token: "7", seq: "0" });
+  assert.deepEqual(await r.keys(`*{${scope}}*`), [markKey(scope)], "the scope's keys: its mark alone");
+});
+
 test("postgres: the advancer lists the marks under a prefix, counting its non-ASCII characters", { skip: pgURL === undefined && "FENCE_TEST_POSTGRES is not set" }, async () => {
   const g = await postgres();
   const base = `ts/follow-list/${run}`;
