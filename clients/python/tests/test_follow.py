@@ -301,6 +301,10 @@ class TestFollower(unittest.TestCase):
         self.assertFalse(pg.advance(p + "high", 7))
         self.assertFalse(rm.advance(p + "high", 7))
         self.assertTrue(pg.advance(p + "high", high), "at the mark: accepted, unchanged")
+        self.assertTrue(rm.advance(p + "high", high), "at the mark: accepted, unchanged")
+        self.assertEqual(sorted(self.m.r.keys("*{" + p + "high}*")),
+                         sorted([fence.mark_key(p + "high").encode(), fence.data_key(p + "high", "v").encode()]),
+                         "the writer's key and the mark: fence_advance writes nothing else")
         fp = self.follow(self.client, pg, p)
         fr = self.follow(self.client, rm, p)
         token, _, lease_id = grant(F, p + "high")

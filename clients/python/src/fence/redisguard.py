@@ -101,33 +101,16 @@ def _redis_error(err: BaseException, lease, reporter, guard: str) -> BaseExcepti
     return stale_from_fields(msg, lease, reporter, guard)
 
 
-# _ADVANCE is the check-and-advance of the library's rule (rule.lua: less,
-# check, advance) for a token with no sequence, as Go's redisguard Store
-# runs it: the mark moves only up, and a greater token starts its epoch
-# with no sequence. Tokens stay decimal strings, compared by length then
-# bytewise, never Lua numbers (doubles). 1: the mark is at the token now;
-# 0: it was past it.
-_ADVANCE = """
-local function less(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-local t = ARGV[1]
-local ht = redis.call('HGET', KEYS[1], 'token') or '0'
-if less(t, ht) then return 0 end
-if less(ht, t) then redis.call('HSET', KEYS[1], 'token', t, 'seq', '0') end
-return 1
-"""
-
-
 class RedisMarks:
     """RedisMarks is the marks of fence's guard inside Redis (the hash
     "fence:{SCOPE}", fields token and seq, that fence_set and the others
-    check), for a Follower: advance(scope, token) checks and advances the
-    mark in one script with the rule the library's functions follow, so a
+    check), for a Follower: advance(scope, token) is the library's FCALL
+    fence_advance, the writers' own check and advance without a write, so a
     mark never moves back; a mark already past the token is left as it is
     and answers False. r is a redis-py client (anything with
-    execute_command), which reconnects by itself after a failure."""
+    execute_command), which reconnects by itself after a failure. The
+    library must have fence_advance: run `fencectl guard install` again on
+    a Redis that loaded it before fence_advance existed."""
 
     def __init__(self, r: Any):
         self._r = r
@@ -139,7 +122,13 @@ class RedisMarks:
         t = int(token)
         if not 1 <= t <= MAX_TOKEN:
             raise InvalidError("token", f"token {token!r} is not from 1 to 2^63-1")
-        return int(self._r.execute_command("EVAL", _ADVANCE, 1, mark_key(scope), str(t))) == 1
+        try:
+            self._r.execute_command("FCALL", "fence_advance", 1, mark_key(scope), str(t), "0")
+        except Exception as err:
+            if str(err).startswith("STALE "):
+                return False  # the mark is past the token, and stays
+            raise _redis_error(err, None, None, "redis") from err
+        return True
 
     def scopes(self, prefix: str) -> List[str]:
         """scopes lists the scopes under prefix that have a mark (SCAN)."""
