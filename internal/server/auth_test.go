@@ -523,10 +523,21 @@ func TestOnlyANodeMovesItself(t *testing.T) {
 			connect.NewRequest(&fencev1.AddNodeRequest{Id: id, RaftAddr: raftAddr, ApiAddr: api, Replace: len(replace) > 0 && replace[0]}))
 		return err
 	}
+	// recorded reads the leader's record: the one an accepted AddNode was
+	// applied on before it answered. n1 leads from the start, but a busy
+	// machine can move the lead, and a follower's state may trail.
 	recorded := func(id string) string {
-		var api string
-		nodes[0].node.Read(func(st *fsm.State) { api = st.Nodes()[id] })
-		return api
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			for _, n := range nodes {
+				if n.node.IsLeader() {
+					var api string
+					n.node.Read(func(st *fsm.State) { api = st.Nodes()[id] })
+					return api
+				}
+			}
+		}
+		t.Fatal("no leader within 10s")
+		return ""
 	}
 	leader, follower := nodes[0], nodes[2]
 	for _, by := range []struct {
