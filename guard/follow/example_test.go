@@ -28,6 +28,12 @@ func Example() {
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
 	defer func() { cancel(); <-done }()
+	// Wait until the service has taken the follower's watch: every event
+	// from then on reaches it. (A lease that ended before, it learns of
+	// only from a store that lists its scopes, a guard.Lister.)
+	for f.Position() == 0 {
+		time.Sleep(time.Millisecond)
+	}
 
 	g := guard.New(store, guard.WithLogger(slog.New(slog.DiscardHandler)))
 	write := func(tok fence.Token) error {

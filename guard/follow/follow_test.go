@@ -49,6 +49,16 @@ func run(t *testing.T, f *follow.Follower) {
 	})
 }
 
+// following runs f until the test ends, and waits until the service has
+// taken its watch: a follower sees the events from then on (and, over a
+// guard.Lister, the state of the scopes its store lists), so a grant made
+// before that, on a busy machine, would go unseen.
+func following(t *testing.T, f *follow.Follower) {
+	t.Helper()
+	run(t, f)
+	waitFor(t, "the service to take the follower's watch", func() bool { return f.Position() != 0 })
+}
+
 // waitFor polls cond until it holds, or fails the test after 20 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -76,7 +86,7 @@ func TestFollowRefusesEndedLease(t *testing.T) {
 	defer c.Close()
 	followed, plain := guard.NewMemoryStore(), guard.NewMemoryStore()
 	f := follow.New(c, followed, "orders/", follow.WithLogger(quiet))
-	run(t, f)
+	following(t, f)
 
 	for _, end := range []string{"released", "expired"} {
 		t.Run(end, func(t *testing.T) {
@@ -145,7 +155,7 @@ func TestFollowNeverGoesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := follow.New(c, store, "a/", follow.WithLogger(quiet))
-	run(t, f)
+	following(t, f)
 	l, err := c.Grant(ctx, "a/high")
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +205,7 @@ func TestFollowRetriesTheStore(t *testing.T) {
 	store := &flaky{Store: mem}
 	store.down.Store(true)
 	f := follow.New(c, store, "", follow.WithLogger(quiet))
-	run(t, f)
+	following(t, f)
 	l, err := c.Grant(ctx, "s")
 	if err != nil {
 		t.Fatal(err)
@@ -384,7 +394,7 @@ func TestFollowResumes(t *testing.T) {
 	defer fc.Close()
 	store := guard.NewMemoryStore()
 	f := follow.New(fc, store, "", follow.WithLogger(quiet))
-	run(t, f)
+	following(t, f)
 	grant := func(c *client.Client, scope string) fence.Lease {
 		t.Helper()
 		l, err := c.Grant(ctx, scope, client.WithTTL(time.Minute))
@@ -495,8 +505,8 @@ func TestFollowStartsAfterAnEnd(t *testing.T) {
 
 	// struct{ guard.Store } has Fence only: not a Lister.
 	lf := follow.New(c, listing, "orders/", follow.WithLogger(quiet))
-	run(t, lf)
-	run(t, follow.New(c, struct{ guard.Store }{hidden}, "orders/", follow.WithLogger(quiet)))
+	following(t, lf)
+	following(t, follow.New(c, struct{ guard.Store }{hidden}, "orders/", follow.WithLogger(quiet)))
 	waitFor(t, "the follower to close the lease that ended before it started", func() bool {
 		return highest(listing, scope) == l.Token+1
 	})
