@@ -43,7 +43,9 @@
 // stores) reads the state of each scope under the prefix that the store
 // has a mark for, so that a lease that ended while no follower ran is
 // closed too; over another store such a lease stays open until the
-// scope's next event.
+// scope's next event. Events reach a follower from the moment the service
+// takes its watch, when Position turns non-zero: a program that must know
+// its follower sees a grant (a test, a demo) waits for that first.
 //
 // The service's tokens are signed; closing tokens are not, being granted
 // to nobody. The follower writes to the store directly, so a Guard's
