@@ -42,6 +42,7 @@ type pkg struct {
 	started time.Time
 	output  []event // in order; printed only if the package fails
 	failed  map[string]bool
+	open    map[string]bool // tests that started and have not ended
 	skipped int
 }
 
@@ -121,10 +122,18 @@ func (p *progress) handle(e event) {
 	p.mu.Lock()
 	k := p.running[e.Package]
 	if k == nil {
-		k = &pkg{started: time.Now(), failed: map[string]bool{}}
+		k = &pkg{started: time.Now(), failed: map[string]bool{}, open: map[string]bool{}}
 		p.running[e.Package] = k
 	}
 	p.mu.Unlock()
+	if e.Test != "" {
+		switch e.Action {
+		case "run":
+			k.open[e.Test] = true
+		case "pass", "fail", "skip":
+			delete(k.open, e.Test)
+		}
+	}
 	switch {
 	case e.Action == "output":
 		k.output = append(k.output, e)
@@ -171,8 +180,14 @@ func (p *progress) finish(e event, k *pkg) {
 }
 
 // relevant reports whether test's output belongs in a failure report: it
-// failed, or a test that contains it or that it contains failed.
+// failed, or a test that contains it or that it contains failed, or it
+// never ended. A test binary that dies inside a test (a panic, -timeout,
+// SIGQUIT) leaves that test without a fail event, and its output (the
+// goroutines' stacks) is what says why.
 func (k *pkg) relevant(test string) bool {
+	if k.open[test] {
+		return true
+	}
 	for f := range k.failed {
 		if f == test || strings.HasPrefix(f, test+"/") || strings.HasPrefix(test, f+"/") {
 			return true

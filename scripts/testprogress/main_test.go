@@ -69,3 +69,33 @@ func TestPassAndNothing(t *testing.T) {
 		t.Errorf("a failed build passed, or its error is not shown:\n%s", out.String())
 	}
 }
+
+// TestUnendedTestShown: a test binary killed inside a test (here SIGQUIT,
+// as a hang is diagnosed) ends the package without a fail event for the
+// test; its output, the goroutines' stacks, must still be shown.
+func TestUnendedTestShown(t *testing.T) {
+	const killed = `{"Action":"start","Package":"m/e"}
+{"Action":"run","Package":"m/e","Test":"TestDone"}
+{"Action":"output","Package":"m/e","Test":"TestDone","Output":"    e_test.go:1: finished, not shown\n"}
+{"Action":"pass","Package":"m/e","Test":"TestDone","Elapsed":0}
+{"Action":"run","Package":"m/e","Test":"Example"}
+{"Action":"output","Package":"m/e","Test":"Example","Output":"=== RUN   Example\n"}
+{"Action":"output","Package":"m/e","Test":"Example","Output":"SIGQUIT: quit\n"}
+{"Action":"output","Package":"m/e","Test":"Example","Output":"goroutine 7 [sleep]:\n"}
+{"Action":"output","Package":"m/e","Output":"FAIL\tm/e\t199.840s\n"}
+{"Action":"fail","Package":"m/e","Elapsed":199.84}
+`
+	var out strings.Builder
+	if newProgress(&out).read(strings.NewReader(killed)) {
+		t.Error("read says everything passed")
+	}
+	got := out.String()
+	for _, want := range []string{"SIGQUIT: quit", "goroutine 7 [sleep]:", "FAIL m/e"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "finished, not shown") || strings.Contains(got, "=== RUN") {
+		t.Errorf("output has a passing test's lines or -v chatter:\n%s", got)
+	}
+}
