@@ -55,3 +55,11 @@ func checkSum(l *raft.Log) error {
 	}
 	return nil
 }
+
+// decodeEntry checks l's checksum, then decodes its command.
+func decodeEntry(l *raft.Log) (fsm.Command, error) {
+	if err := checkSum(l); err != nil {
+		return fsm.Command{}, err
+	}
+	return fsm.DecodeCommand(l.Data)
+}

@@ -66,9 +66,10 @@ func (e *HaltError) Unwrap() error { return e.Err }
 
 // halt stops the node at the entry l, which it cannot decode or which is
 // damaged: it logs why, then panics, so that Raft's goroutine that
-// applies entries, and with it the process, stops there. Returning would let Raft go on to the next
-// entry and count this one as applied; recording it as invalid would apply
-// it otherwise than the replicas that understand it.
+// applies entries, and with it the process, stops there. Returning would
+// let Raft go on to the next entry and count this one as applied;
+// recording it as invalid would apply it otherwise than the replicas that
+// understand it.
 func (m *machine) halt(l *raft.Log, err error) {
 	h := &HaltError{Index: l.Index, Dir: m.cfg.DataDir, Err: err}
 	what := "stopping: a log entry this build does not understand"

@@ -479,11 +479,7 @@ func (m *machine) ApplyBatch(logs []*raft.Log) []any {
 			out[i] = fsm.Result{Outcome: fsm.NoOp}
 			continue
 		}
-		err := checkSum(l)
-		var c fsm.Command
-		if err == nil {
-			c, err = fsm.DecodeCommand(l.Data)
-		}
+		c, err := decodeEntry(l)
 		if errors.Is(err, fsm.ErrUnknownEntry) || errors.Is(err, ErrDamagedEntry) {
 			m.mu.Unlock()
 			m.halt(l, err)
