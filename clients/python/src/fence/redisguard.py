@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from .errors import FenceError, InvalidError
+from .errors import FenceError, InvalidError, StaleError
 from ._presented import Presented, presented_token, stale_from_fields
 from .token import MAX_TOKEN, validate_scope
 
@@ -125,9 +125,10 @@ class RedisMarks:
         try:
             self._r.execute_command("FCALL", "fence_advance", 1, mark_key(scope), str(t), "0")
         except Exception as err:
-            if str(err).startswith("STALE "):
+            e = _redis_error(err, None, None, "redis")
+            if isinstance(e, StaleError):
                 return False  # the mark is past the token, and stays
-            raise _redis_error(err, None, None, "redis") from err
+            raise e from err
         return True
 
     def scopes(self, prefix: str) -> List[str]:
