@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/guardtest"
@@ -355,12 +357,12 @@ func fadvance(scope string, token, seq uint64) string {
 
 // wantMark fails t unless scope's mark is token and seq and the scope has
 // no key but its mark: fence_advance writes nothing else.
-func wantMark(t *testing.T, url, scope, token, seq string) {
+func wantMark(t *testing.T, rdb *redis.Client, scope, token, seq string) {
 	t.Helper()
-	if r := cli(t, url, "HMGET fence:{"+scope+"} token seq\n"); !slices.Equal(r, []string{token, seq}) {
-		t.Errorf("mark %q, want %s %s", r, token, seq)
+	if r, err := rdb.HMGet(ctx, "fence:{"+scope+"}", "token", "seq").Result(); err != nil || !slices.Equal(r, []any{token, seq}) {
+		t.Errorf("mark %q (%v), want %s %s", r, err, token, seq)
 	}
-	if keys, err := testRedis(t).Keys(ctx, "*{"+scope+"}*").Result(); err != nil || !slices.Equal(keys, []string{"fence:{" + scope + "}"}) {
+	if keys, err := rdb.Keys(ctx, "*{"+scope+"}*").Result(); err != nil || !slices.Equal(keys, []string{"fence:{" + scope + "}"}) {
 		t.Errorf("the scope's keys %q (%v), want its mark alone", keys, err)
 	}
 }
@@ -378,7 +380,7 @@ func TestFunctionsAdvance(t *testing.T) {
 	if r := one(t, url, fadvance(sc, 7, 0)); r != "OK" {
 		t.Fatalf("advance to 7 on no mark: %q, want OK", r)
 	}
-	wantMark(t, url, sc, "7", "0")
+	wantMark(t, rdb, sc, "7", "0")
 
 	// A write of a lower token is stale and writes nothing.
 	wantStaleReply(t, one(t, url, fset(sc, 6, "late")), sc, 6, 7)
@@ -394,21 +396,21 @@ func TestFunctionsAdvance(t *testing.T) {
 	if r := one(t, url, fadvance(sc, 6, 0)); r != stale(6, 7, 0, 0) {
 		t.Fatalf("advance to 6 after 7: %q, want %q", r, stale(6, 7, 0, 0))
 	}
-	wantMark(t, url, sc, "7", "0")
+	wantMark(t, rdb, sc, "7", "0")
 
 	// An equal token advances the sequence, an equal sequence is accepted
 	// and changes nothing, and a lower one is stale.
 	if r := one(t, url, fadvance(sc, 7, 3)); r != "OK" {
 		t.Fatalf("advance to 7 sequence 3: %q, want OK", r)
 	}
-	wantMark(t, url, sc, "7", "3")
+	wantMark(t, rdb, sc, "7", "3")
 	if r := one(t, url, fadvance(sc, 7, 3)); r != "OK" {
 		t.Fatalf("advance to 7 sequence 3 again: %q, want OK", r)
 	}
 	if r := one(t, url, fadvance(sc, 7, 2)); r != stale(7, 7, 2, 3) {
 		t.Fatalf("advance to 7 sequence 2 after 3: %q, want %q", r, stale(7, 7, 2, 3))
 	}
-	wantMark(t, url, sc, "7", "3")
+	wantMark(t, rdb, sc, "7", "3")
 	if r := one(t, url, fmt.Sprintf("FCALL fence_set 2 fence:{%s} {%s}:v 7 2 late", sc, sc)); r != stale(7, 7, 2, 3) {
 		t.Fatalf("write of 7 sequence 2 after advance to 3: %q, want %q", r, stale(7, 7, 2, 3))
 	}
@@ -416,13 +418,13 @@ func TestFunctionsAdvance(t *testing.T) {
 	if r := one(t, url, fadvance(sc, 7, 0)); r != "OK" {
 		t.Fatalf("advance to 7 sequence 0 after 3: %q, want OK", r)
 	}
-	wantMark(t, url, sc, "7", "3")
+	wantMark(t, rdb, sc, "7", "3")
 
 	// A greater token starts its own sequence, and its writes pass.
 	if r := one(t, url, fadvance(sc, 8, 0)); r != "OK" {
 		t.Fatalf("advance to 8: %q, want OK", r)
 	}
-	wantMark(t, url, sc, "8", "0")
+	wantMark(t, rdb, sc, "8", "0")
 	if r := one(t, url, fset(sc, 8, "current")); r != "OK" {
 		t.Fatalf("write of 8 after advance to 8: %q, want OK", r)
 	}
@@ -469,7 +471,7 @@ func TestFunctionsAdvanceRefuses(t *testing.T) {
 			t.Errorf("%s: %q, want %q...", c.call, r, c.want)
 		}
 	}
-	wantMark(t, url, sc, "5", "1")
+	wantMark(t, rdb, sc, "5", "1")
 	for _, k := range []string{"fense:{" + sc + "}", "app:" + m} {
 		if n, err := rdb.Exists(ctx, k).Result(); err != nil || n != 0 {
 			t.Errorf("%q exists (%d, %v), want it never created", k, n, err)
