@@ -291,12 +291,12 @@ resolve_binaries() {
 	# tests import (make test-py), for Debian's own interpreter, which a
 	# python3 earlier on PATH (pyenv, a venv) may not be.
 	local mod
-	local -A pkg_of=([setuptools]=python3-setuptools [wheel]=python3-wheel [venv]=python3-venv
-		[cryptography]=python3-cryptography [psycopg2]=python3-psycopg2 [redis]=python3-redis)
+	# (No setuptools or wheel: the client's build backend needs neither.)
+	local -A pkg_of=([venv]=python3-venv [cryptography]=python3-cryptography [psycopg2]=python3-psycopg2 [redis]=python3-redis)
 	if [[ ! -x /usr/bin/python3 ]]; then
 		MISSING+=(python3)
 	fi
-	for mod in setuptools wheel venv cryptography psycopg2 redis; do
+	for mod in venv cryptography psycopg2 redis; do
 		if [[ ! -x /usr/bin/python3 ]] || ! /usr/bin/python3 -c "import $mod" 2>/dev/null; then
 			MISSING+=("${pkg_of[$mod]}")
 		fi
