@@ -20,7 +20,7 @@ type Kind uint8
 
 const (
 	Granted  Kind = iota + 1 // a new lease began
-	Renewed                  // its holder renewed it (off the log)
+	Renewed                  // its holder renewed it (off the log); the ring keeps some only
 	Released                 // its holder released it
 	Expired                  // the leader expired it
 	Lost                     // a renewal was answered lost

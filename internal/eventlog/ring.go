@@ -13,6 +13,16 @@ import (
 // to resume from, and for the status page's timeline.
 const RingSize = 10_000
 
+// renewalSpacing spaces the renewals a lease records: one is recorded
+// unless the same lease recorded one less than its TTL divided by this ago.
+// Holders renew every third of the TTL (docs/protocol.md), so a quarter
+// leaves room for the delays in between and records each of their
+// renewals; a holder that renews more often, or names its lease many times
+// in one batch, records at most four a TTL and cannot push the grants and
+// closings of others out of the ring. Renewals are counted in the metrics
+// all the same.
+const renewalSpacing = 4
+
 // termShift places the leader's term in a position's high bits, so that
 // positions keep increasing across leaders: a new leader, in a higher term,
 // starts after every position of its predecessors.
@@ -21,7 +31,8 @@ const termShift = 40
 // Ring holds the recent lease events recorded by this node as the
 // serving leader, each with a position: term<<40 | sequence within the
 // term. Readers follow it with a cursor and wait on a channel that is
-// closed at every append. It is safe for concurrent use.
+// closed at every append. A renewal is left out when the same lease
+// recorded one lately (see renewalSpacing). It is safe for concurrent use.
 type Ring struct {
 	mu      sync.Mutex
 	buf     []Event // circular; buf[(first-base)%len] is the oldest
@@ -30,20 +41,26 @@ type Ring struct {
 	next    uint64        // position of the next event
 	changed chan struct{} // closed and replaced at every append
 	closed  bool
+	// renewed is the position of each scope's newest renewal still
+	// retained: no more entries than the ring has events.
+	renewed map[string]uint64
 }
 
 // NewRing returns an empty ring that retains the last size events.
 func NewRing(size int) *Ring {
-	return &Ring{buf: make([]Event, size), changed: make(chan struct{})}
+	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), renewed: make(map[string]uint64)}
 }
 
 // Append records e as the next event of term; a new term starts the ring
-// afresh. It returns e with its position.
+// afresh. It returns e with its position, or with position 0 if e is a
+// renewal left out (see renewalSpacing).
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e.Position = r.appendLocked(term, e)
-	r.wakeLocked()
+	if e.Position != 0 {
+		r.wakeLocked()
+	}
 	return e
 }
 
@@ -55,27 +72,52 @@ func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
 	defer r.mu.Unlock()
 	n := 0
 	for e := range es {
-		r.appendLocked(term, e)
-		n++
+		if r.appendLocked(term, e) != 0 {
+			n++
+		}
 	}
 	if n > 0 {
 		r.wakeLocked()
 	}
 }
 
+// appendLocked records e and returns its position, or 0 if it is a
+// renewal left out.
 func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	if term != r.term || r.next == 0 {
 		r.term = term
 		r.first = term<<termShift | 1
 		r.next = r.first
+		clear(r.renewed)
+	}
+	if e.Kind == Renewed && r.renewedLately(e) {
+		return 0
 	}
 	e.Position = r.next
 	r.next++
-	r.buf[e.Position%uint64(len(r.buf))] = e
+	slot := &r.buf[e.Position%uint64(len(r.buf))]
+	if slot.Kind == Renewed && r.renewed[slot.Scope] == slot.Position {
+		delete(r.renewed, slot.Scope) // its newest renewal leaves the ring
+	}
+	*slot = e
+	if e.Kind == Renewed {
+		r.renewed[e.Scope] = e.Position
+	}
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
 	}
 	return e.Position
+}
+
+// renewedLately reports whether the lease of the renewal e recorded a
+// renewal less than its TTL/renewalSpacing before e. r.mu is held.
+func (r *Ring) renewedLately(e Event) bool {
+	p, ok := r.renewed[e.Scope]
+	if !ok {
+		return false
+	}
+	last := &r.buf[p%uint64(len(r.buf))]
+	return last.Token == e.Token && last.LeaseID == e.LeaseID && e.At.Sub(last.At) < e.TTL/renewalSpacing
 }
 
 func (r *Ring) wakeLocked() {

@@ -2,8 +2,10 @@ package eventlog
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/fence-dev/fence"
 )
@@ -117,5 +119,80 @@ func TestRingAppendAll(t *testing.T) {
 	all.AppendAll(term, slices.Values([]Event(nil)))
 	if p := all.Position(term); p != next+5 {
 		t.Fatalf("position after an empty AppendAll: %d, want %d", p, next+5)
+	}
+}
+
+// TestRingSpacesRenewals: a lease renewed again and again records a
+// renewal a quarter of its TTL at most, however many it makes, so that
+// one holder cannot push everyone's grants and closings out of the ring;
+// renewals spaced as holders renew, and those of another lease of the
+// same scope, are all recorded. The positions of the renewals left out are
+// not used, and no reader is woken for them.
+func TestRingSpacesRenewals(t *testing.T) {
+	const term, ttl = 1, 40 * time.Second
+	r := NewRing(8)
+	at := time.Unix(1_000_000, 0)
+	a := fence.LeaseID{1}
+	renewal := func(token uint64, id fence.LeaseID, after time.Duration) Event {
+		return Event{Kind: Renewed, Scope: "orders", Token: token, LeaseID: id, TTL: ttl, At: at.Add(after)}
+	}
+	grant := r.Append(term, Event{Kind: Granted, Scope: "other", Token: 1})
+	first := r.Append(term, renewal(1, a, 0))
+	if first.Position != grant.Position+1 {
+		t.Fatalf("first renewal at %d, want %d", first.Position, grant.Position+1)
+	}
+	_, _, changed, err := r.Read(first.Position+1, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A batch naming the lease a thousand times, and renewals a moment
+	// apart: none recorded.
+	r.AppendAll(term, func(yield func(Event) bool) {
+		for range 1000 {
+			if !yield(renewal(1, a, 0)) {
+				return
+			}
+		}
+	})
+	if e := r.Append(term, renewal(1, a, ttl/renewalSpacing-time.Millisecond)); e.Position != 0 {
+		t.Fatalf("a renewal just under a quarter TTL after the last one recorded at %d", e.Position)
+	}
+	select {
+	case <-changed:
+		t.Fatal("a reader was woken for renewals left out")
+	default:
+	}
+	if p := r.Position(term); p != first.Position+1 {
+		t.Fatalf("next position after renewals left out: %d, want %d", p, first.Position+1)
+	}
+	// A quarter TTL after the last one recorded, and a renewal of another
+	// lease of the scope: recorded.
+	spaced := r.Append(term, renewal(1, a, ttl/renewalSpacing))
+	other := r.Append(term, renewal(2, fence.LeaseID{2}, ttl/renewalSpacing))
+	if spaced.Position != first.Position+1 || other.Position != first.Position+2 {
+		t.Fatalf("spaced renewal at %d and another lease's at %d, want %d and %d", spaced.Position, other.Position, first.Position+1, first.Position+2)
+	}
+	evs, _, _, err := r.Read(grant.Position, "", 10)
+	if err != nil || len(evs) != 4 {
+		t.Fatalf("read = %+v, %v; want the grant and three renewals", evs, err)
+	}
+
+	// Once a scope's newest renewal has left the ring, nothing is kept
+	// for it, and its next renewal is recorded.
+	for i := range 8 {
+		r.Append(term, Event{Kind: Granted, Scope: fmt.Sprintf("s/%d", i), Token: 1})
+	}
+	if len(r.renewed) != 0 {
+		t.Fatalf("renewals remembered after they all left the ring: %v", r.renewed)
+	}
+	if e := r.Append(term, renewal(2, fence.LeaseID{2}, ttl/renewalSpacing)); e.Position == 0 {
+		t.Fatal("a renewal whose last one left the ring was left out")
+	}
+	// A new term starts afresh.
+	if e := r.Append(term+1, renewal(2, fence.LeaseID{2}, ttl/renewalSpacing)); e.Position == 0 {
+		t.Fatal("the first renewal of a new term was left out")
+	}
+	if len(r.renewed) != 1 {
+		t.Fatalf("renewals remembered in the new term: %v, want orders alone", r.renewed)
 	}
 }

@@ -121,3 +121,65 @@ func TestRenewBatchBadInput(t *testing.T) {
 		t.Errorf("time left %v after the refused batches, %v before: a renewal slipped through", after, before)
 	}
 }
+
+// TestRenewalsLeaveTheRingToOthers: one holder naming its lease a thousand
+// times in each of eleven RenewBatch calls records a renewal a batch at
+// most, not the 11,000 that pushed every other scope's grants out of the
+// leader's ring of 10,000 events: a watch of another prefix still resumes
+// from a position before them, and finds its grant there.
+func TestRenewalsLeaveTheRingToOthers(t *testing.T) {
+	s := startWith(t, func(*Config) {})
+	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	from := s.events.Position(s.node.Term())
+	acquire := func(scope string) *fencev1.Lease {
+		t.Helper()
+		r, err := rpc.Acquire(ctx, connect.NewRequest(&fencev1.AcquireRequest{Scope: scope, Holder: scope, Ttl: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Msg.Lease
+	}
+	billing, orders := acquire("billing/a"), acquire("orders/a")
+	batch := make([]*fencev1.RenewRequest, maxRenewBatch)
+	for i := range batch {
+		batch[i] = &fencev1.RenewRequest{Scope: "orders/a", LeaseId: orders.LeaseId}
+	}
+	const batches = 11
+	for range batches {
+		resp, err := rpc.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: batch}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range resp.Msg.Results {
+			if r.Failure != nil {
+				t.Fatalf("renewal %d: %v; want renewed", i, r.Failure)
+			}
+		}
+	}
+	watch := func(prefix string) []*fencev1.WatchEvent {
+		t.Helper()
+		stream, err := rpc.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartPosition: from}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stream.Close()
+		if !stream.Receive() {
+			t.Fatalf("watch of %s from position %d, before the renewals: %v", prefix, from, stream.Err())
+		}
+		return stream.Msg().Events
+	}
+	if evs := watch("billing/"); len(evs) != 1 || evs[0].Kind != fencev1.EventKind_EVENT_KIND_GRANTED || evs[0].Token != billing.Token {
+		t.Errorf("billing/ from before the renewals: %v; want billing/a granted with token %d", evs, billing.Token)
+	}
+	renewals := 0
+	for _, e := range watch("orders/") {
+		if e.Kind == fencev1.EventKind_EVENT_KIND_RENEWED {
+			renewals++
+		}
+	}
+	if renewals < 1 || renewals > batches {
+		t.Errorf("%d renewals of orders/a recorded in %d batches of %d; want 1 to %d", renewals, batches, maxRenewBatch, batches)
+	}
+}
