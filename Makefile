@@ -7,6 +7,17 @@ FUZZTIME ?= 20s
 # spend a short FUZZTIME on minimizing instead of fuzzing.
 FUZZMINTIME ?= 5s
 VERIFY_TIME ?= 10m
+# Every binary the Makefile builds says which commit it is (--version,
+# cluster status, fence_build_info), even where GOFLAGS holds
+# -buildvcs=false, which turns the go command's own record off: the linker
+# sets internal/version's stamps from git. --no-optional-locks: git status
+# then takes no lock on the index, which another git command may hold.
+VERSION_PKG := github.com/fence-dev/fence/internal/version
+VERSION_LDFLAGS := -X $(VERSION_PKG).stampRevision=$(shell git rev-parse HEAD 2>/dev/null) \
+  -X $(VERSION_PKG).stampTime=$(shell git show -s --format=%cI HEAD 2>/dev/null) \
+  -X $(VERSION_PKG).stampModified=$(if $(shell git --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null),true,false) \
+  -X $(VERSION_PKG).stampVersion=$(shell git describe --tags 2>/dev/null)
+GOBUILD := $(GO) build -ldflags='$(VERSION_LDFLAGS)'
 # go test -json → one line per package as it finishes, failures in full.
 TESTPROGRESS := $(GO) run ./scripts/testprogress -trim github.com/fence-dev/fence/
 # test-short leaves out what needs the servers of `make services` (pgxguard,
@@ -56,7 +67,7 @@ PYTHON ?= /usr/bin/python3
 
 .PHONY: test-py
 test-py: services ## the Python client and guards (clients/python): unittest against a real fenced and the servers of make services
-	$(GO) build -o clients/python/build/bin/ ./cmd/fenced ./cmd/fencectl
+	$(GOBUILD) -o clients/python/build/bin/ ./cmd/fenced ./cmd/fencectl
 	set -a && source scripts/services.env && set +a && cd clients/python && \
 	  FENCED_BIN=$$PWD/build/bin/fenced FENCECTL_BIN=$$PWD/build/bin/fencectl PYTHONPATH=src \
 	  $(PYTHON) -m unittest discover -s tests
@@ -101,19 +112,24 @@ bench: ## run the Go benchmarks (acquire+release and renew through a real server
 
 .PHONY: bench-peers
 bench-peers: services ## fenced beside etcd and Redis locks, measured side by side (bench/; ~20 min; BENCH_TIME=2s shortens it)
-	$(GO) build -o bench/bin/fenced ./cmd/fenced
-	cd bench && $(GO) build -o bin/peers ./cmd/peers
+	$(GOBUILD) -o bench/bin/fenced ./cmd/fenced
+	cd bench && $(GOBUILD) -o bin/peers ./cmd/peers
 	set -a && source scripts/services.env && set +a && cd bench && ./bin/peers -fenced bin/fenced -out results
 
 .PHONY: bench-scale
 bench-scale: ## one fenced node holding 100,000 and 1,000,000 leases: RSS, acquire latency, snapshot, restore; 100,000 expiries at once (~10 min)
-	$(GO) build -o bench/bin/fenced ./cmd/fenced
-	cd bench && $(GO) build -o bin/peers ./cmd/peers
+	$(GOBUILD) -o bench/bin/fenced ./cmd/fenced
+	cd bench && $(GOBUILD) -o bin/peers ./cmd/peers
 	cd bench && ./bin/peers scale -fenced bin/fenced -out results
 
 .PHONY: build
 build: ## build fenced, fencectl and fencecheck into bin/
-	$(GO) build -o bin/ ./cmd/...
+	$(GOBUILD) -o bin/ ./cmd/...
+
+# Not in help: internal/version's test builds with these flags, as build does.
+.PHONY: version-ldflags
+version-ldflags:
+	@echo '$(VERSION_LDFLAGS)'
 
 .PHONY: verify
 verify: services build ## fencecheck for VERIFY_TIME (10m): 3 fenced nodes, every fault, guard on (VERIFY_FLAGS adds flags)

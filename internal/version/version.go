@@ -7,8 +7,15 @@
 //
 // `go install github.com/fence-dev/fence/cmd/fenced@v1.2.3` records the
 // version v1.2.3; `go build` in a git checkout records the commit and a
-// pseudo-version derived from it. `go run` and `go test` record no commit,
-// and their version is "(devel)".
+// pseudo-version derived from it, unless -buildvcs=false (which GOFLAGS
+// may hold) turns that off. `go run` and `go test` record no commit, and
+// their version is "(devel)".
+//
+// So the Makefile's builds do not depend on that: they also set the
+// commit, its time, whether the checkout was modified and the tag git
+// describes through the linker (-ldflags -X, see the Makefile's
+// VERSION_LDFLAGS), into the variables below, which take precedence over
+// what the go command recorded.
 package version
 
 import (
@@ -34,16 +41,46 @@ type Info struct {
 	GoVersion string    // the Go release that built it, e.g. go1.26.8
 }
 
+// Set with -ldflags "-X github.com/fence-dev/fence/internal/version.NAME=VALUE"
+// by the Makefile; empty in other builds.
+var (
+	stampRevision string // git rev-parse HEAD
+	stampTime     string // git show -s --format=%cI HEAD (RFC 3339)
+	stampModified string // "true" when the checkout had uncommitted changes
+	stampVersion  string // git describe --tags: empty without a tag
+)
+
 // Get returns the running binary's build. It is safe for concurrent use.
 func Get() Info { return get() }
 
 var get = sync.OnceValue(func() Info {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return Info{Version: Devel, GoVersion: runtime.Version()}
+	in := Info{Version: Devel, GoVersion: runtime.Version()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		in = FromBuildInfo(bi)
 	}
-	return FromBuildInfo(bi)
+	return in.Stamped(stampVersion, stampRevision, stampTime, stampModified)
 })
+
+// Stamped returns in with what the Makefile's build set through the
+// linker: the commit, its time (RFC 3339), "true" if the checkout was
+// modified, and the version git describes. A stamp that is empty leaves
+// in's field as it is; a revision set replaces the commit, its time and
+// modified all three. A modified checkout's version gets "+dirty", as a
+// go command's pseudo-version does.
+func (in Info) Stamped(version, revision, commitTime, modified string) Info {
+	if revision != "" {
+		in.Revision = revision
+		in.Time, _ = time.Parse(time.RFC3339, commitTime)
+		in.Modified = modified == "true"
+	}
+	if version != "" {
+		in.Version = version
+		if in.Modified && !strings.HasSuffix(version, "+dirty") {
+			in.Version += "+dirty"
+		}
+	}
+	return in
+}
 
 // FromBuildInfo reads a build from the go command's record of it.
 func FromBuildInfo(bi *debug.BuildInfo) Info {
@@ -97,7 +134,7 @@ func (in Info) Text(cmd string) string {
 	rev := in.Revision
 	switch {
 	case rev == "":
-		rev = "unknown (not built from a git checkout with go build or go install)"
+		rev = "unknown (the build recorded no commit: go run, go test, -buildvcs=false in GOFLAGS, or not a git checkout; make build records it)"
 	case in.Modified:
 		rev += " (modified: the checkout had uncommitted changes)"
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -108,5 +109,91 @@ func TestBuiltFromCheckout(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the build's version lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestStamped(t *testing.T) {
+	rev := "751c299d7451aa0fa672d214c002a4a5952b1f2e"
+	devel := Info{Module: "github.com/fence-dev/fence", Version: Devel, GoVersion: "go1.26.8"}
+	for _, tc := range []struct {
+		name                         string
+		in                           Info
+		version, revision, tm, dirty string
+		short                        string
+		textHas                      []string
+	}{{
+		name: "no stamps: what the go command recorded",
+		in:   devel, short: "(devel)",
+		textHas: []string{"revision: unknown (the build recorded no commit: go run, go test, -buildvcs=false in GOFLAGS"},
+	}, {
+		name: "a commit, no tag", in: devel,
+		revision: rev, tm: "2026-12-07T04:32:44+00:00", dirty: "false",
+		short:   "(devel)-751c299d7451",
+		textHas: []string{"fenced (devel)\n", "revision: " + rev + "\n", "time:     2026-12-07T04:32:44Z\n"},
+	}, {
+		name: "a tag and a modified checkout", in: devel,
+		version: "v0.3.0-12-g751c299", revision: rev, tm: "2026-12-07T04:32:44Z", dirty: "true",
+		short:   "v0.3.0-12-g751c299+dirty",
+		textHas: []string{"fenced v0.3.0-12-g751c299+dirty\n", "revision: " + rev + " (modified"},
+	}, {
+		name:     "the stamp replaces the go command's record",
+		in:       Info{Version: "v0.0.0-20261205215304-6d16787abcde", Revision: "6d16787abcde", Modified: true, Time: time.Unix(1, 0)},
+		revision: rev, tm: "2026-12-07T04:32:44Z", dirty: "false",
+		short:   "v0.0.0-20261205215304-6d16787abcde",
+		textHas: []string{"revision: " + rev + "\n", "time:     2026-12-07T04:32:44Z\n"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := tc.in.Stamped(tc.version, tc.revision, tc.tm, tc.dirty)
+			if got := in.Short(); got != tc.short {
+				t.Errorf("Short() = %q, want %q", got, tc.short)
+			}
+			text := in.Text("fenced")
+			for _, want := range tc.textHas {
+				if !strings.Contains(text, want) {
+					t.Errorf("Text lacks %q:\n%s", want, text)
+				}
+			}
+		})
+	}
+}
+
+// TestMakefileStamps builds a program with the linker flags the Makefile's
+// builds use (make version-ldflags), under GOFLAGS=-buildvcs=false, which
+// turns the go command's own record of the commit off, and checks that
+// the program names the checkout's commit all the same.
+func TestMakefileStamps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a program")
+	}
+	if _, err := exec.Command("git", "rev-parse", "HEAD").Output(); err != nil {
+		t.Skipf("not a git checkout, or no git: %v", err)
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	flags, err := exec.Command("make", "-s", "--no-print-directory", "-C", "../..", "version-ldflags").Output()
+	if err != nil {
+		t.Fatalf("make version-ldflags: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "printversion")
+	build := exec.Command("go", "build", "-ldflags="+strings.TrimSpace(string(flags)), "-o", bin, "./testdata/printversion")
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build with the Makefile's flags: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The commit make read: HEAD may have moved on since (commits in this checkout).
+	m := regexp.MustCompile(`stampRevision=([0-9a-f]{40}) `).FindSubmatch(flags)
+	if m == nil {
+		t.Fatalf("make version-ldflags sets no commit: %s", flags)
+	}
+	if !strings.Contains(string(out), "revision: "+string(m[1])) {
+		t.Errorf("a build with the Makefile's flags under -buildvcs=false does not name its commit %s:\n%s", m[1], out)
+	}
+	if !strings.Contains(string(out), "time:     20") {
+		t.Errorf("a build with the Makefile's flags lacks the commit's time:\n%s", out)
 	}
 }
