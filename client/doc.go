@@ -209,12 +209,14 @@
 // standing name for a holder.
 //
 // Releasing a lease that is already lost, including after MarkLost, does
-// not contact the service and returns the reason it was lost. If the
-// service still counts that lease current, the scope stays held until its
-// TTL runs out; except after the lease's local validity ran out, when the
-// keep-alive itself releases it, since a renewal the service granted may
-// have been answered too late (a release frees the scope only while the
-// lease is current, so it takes nothing from a newer holder).
+// not contact the service and returns the reason it was lost at once. If
+// the service still counts that lease current, the scope stays held until
+// its TTL runs out; except after the lease's local validity ran out, when
+// the keep-alive itself releases it, since a renewal the service granted
+// may have been answered too late (a release frees the scope only while the
+// lease is current, so it takes nothing from a newer holder). That release
+// is best effort and bounded by the TTL; Release does not wait for it, so a
+// deferred Release returns at once in a partition too.
 //
 // With signed tokens, [Lease.Token] follows the service's signing key: each
 // renewal brings the token signed with the key that signs then, with the

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -244,5 +245,76 @@ func TestLocallyLostLeaseReleased(t *testing.T) {
 	}
 	if err := l.Release(ctx); !errors.Is(err, fence.ErrLeaseLost) {
 		t.Errorf("Release of the lost lease = %v, want fence.ErrLeaseLost", err)
+	}
+}
+
+// partition passes calls through until cut closes. Then renewals are lost
+// on the way, failing only when their caller gives up, as over a network
+// that drops packets, and releases are held until heal closes, whatever
+// their context says: a Release that waited for one would hang.
+type partition struct {
+	next      http.RoundTripper
+	cut, heal chan struct{}
+	releasing chan struct{} // closed when the first release is held
+	once      sync.Once
+}
+
+func (p *partition) RoundTrip(r *http.Request) (*http.Response, error) {
+	select {
+	case <-p.cut:
+	default:
+		return p.next.RoundTrip(r)
+	}
+	switch path := r.URL.Path; {
+	case strings.HasSuffix(path, "/Renew"), strings.HasSuffix(path, "/RenewBatch"):
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	case strings.HasSuffix(path, "/Release"), strings.HasSuffix(path, "/ReleaseBatch"):
+		p.once.Do(func() { close(p.releasing) })
+		<-p.heal
+	}
+	return p.next.RoundTrip(r)
+}
+
+func (p *partition) CloseIdleConnections() {
+	p.next.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+}
+
+// TestReleaseOfLeaseLostInPartition: a lease whose local validity ran out
+// in a partition is released in the background (see
+// TestLocallyLostLeaseReleased), and Release returns its loss reason at
+// once, without waiting for that release, which a partition holds for up
+// to a TTL: a deferred Release(context.Background()) must not hang there
+// (issue 41, item 4).
+func TestReleaseOfLeaseLostInPartition(t *testing.T) {
+	srv, _ := start(t)
+	p := &partition{next: http.DefaultTransport.(*http.Transport).Clone(),
+		cut: make(chan struct{}), heal: make(chan struct{}), releasing: make(chan struct{})}
+	cut := srv.Client(client.WithHTTPClient(&http.Client{Transport: p}), client.WithHolder("cut"))
+	defer cut.Close()
+	healed := sync.OnceFunc(func() { close(p.heal) })
+	defer healed()
+
+	l := acquire(t, cut, "part/a", client.WithTTL(600*time.Millisecond))
+	close(p.cut)
+	waitLost(t, l)
+	lost := l.Err()
+	if !strings.Contains(lost.Error(), "local validity ran out") {
+		t.Fatalf("Err() = %v, want the local validity to have run out", lost)
+	}
+	select {
+	case <-p.releasing:
+	case <-time.After(wait):
+		t.Fatalf("no release of the lost lease within %v", wait)
+	}
+	released := make(chan error, 1)
+	go func() { released <- l.Release(context.Background()) }()
+	select {
+	case err := <-released:
+		if err != lost {
+			t.Errorf("Release of the lost lease = %v, want its loss reason %v", err, lost)
+		}
+	case <-time.After(wait):
+		t.Fatalf("Release of the lost lease still waits after %v, for the release the partition holds", wait)
 	}
 }

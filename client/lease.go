@@ -33,7 +33,7 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	stop   chan struct{} // closed when the lease is lost
-	exited chan struct{} // closed when keepAlive has returned
+	exited chan struct{} // closed when keepAlive has stopped renewing
 
 	mu         sync.Mutex
 	token      fence.Token // the token as last signed: renewals re-sign it with the current key
@@ -153,14 +153,14 @@ func (l *Lease) MarkLost(cause error) {
 }
 
 // Release stops renewing and frees the scope at the service. Releasing a
-// lease that is already lost only stops it and returns its loss reason.
-// Release returns when ctx ends, with its error.
+// lease that is already lost only stops it and returns its loss reason,
+// at once: it does not wait for the release the keep-alive sends when the
+// lease's local validity runs out. Release returns when ctx ends, with its
+// error.
 func (l *Lease) Release(ctx context.Context) error {
-	if err := l.Err(); err != nil {
-		l.lose(err)
-		return l.await(ctx, l.exited, err)
+	if !l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "released by its holder"}) {
+		return l.await(ctx, l.exited, l.Err())
 	}
-	l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token, Reason: "released by its holder"})
 	// The keep-alive ends while the release is on its way, not before it:
 	// waiting for it first put a goroutine's wake-up into every cycle. Its
 	// renewal, if one was sent, goes first: answered after the release, it
@@ -217,11 +217,23 @@ func (l *Lease) lose(err error) bool {
 	return first
 }
 
-// keepAlive renews the lease every third of its TTL, counted from start,
-// the send time its validity counts from, and ends the lease when the
-// service says it is lost or its local validity runs out.
+// keepAlive renews the lease until it is lost, then releases it if its
+// local validity ran out (see releaseLost). exited closes in between: a
+// Release of the lost lease waits for the renewals to stop, not for that
+// release, which takes up to a TTL when the service does not answer.
 func (l *Lease) keepAlive(start time.Time) {
-	defer close(l.exited)
+	ranOut := l.renew(start)
+	close(l.exited)
+	if ranOut {
+		l.releaseLost()
+	}
+}
+
+// renew renews the lease every third of its TTL, counted from start, the
+// send time its validity counts from, until the lease is lost: when the
+// service says so, or when its local validity runs out, which renew
+// reports.
+func (l *Lease) renew(start time.Time) (ranOut bool) {
 	every := l.info.TTL / 3
 	next := start.Add(every)
 	for {
@@ -234,15 +246,12 @@ func (l *Lease) keepAlive(start time.Time) {
 		select {
 		case <-l.stop:
 			t.Stop()
-			return
+			return false
 		case <-t.C:
 		}
 		if !time.Now().Before(valid) {
-			if l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token,
-				Reason: fmt.Sprintf("no renewal confirmed within the TTL of %v (local validity ran out)", l.info.TTL)}) {
-				l.releaseLost()
-			}
-			return
+			return l.lose(&fence.LostError{Scope: l.info.Scope, Token: l.info.Token,
+				Reason: fmt.Sprintf("no renewal confirmed within the TTL of %v (local validity ran out)", l.info.TTL)})
 		}
 		if time.Now().Before(next) {
 			continue
@@ -263,7 +272,7 @@ func (l *Lease) keepAlive(start time.Time) {
 			next = sent.Add(every)
 		case errors.Is(err, fence.ErrLeaseLost), errors.Is(err, fence.ErrNotHolder):
 			l.lose(err)
-			return
+			return false
 		default:
 			// Transient: try again soon, while the lease is still valid.
 			next = time.Now().Add(max(l.info.TTL/20, 10*time.Millisecond))
