@@ -34,14 +34,19 @@
 // After a disconnection the follower resumes the watch where it was. When
 // the service no longer holds the events to resume from (a change of
 // leader, or a follower that fell ten thousand events behind), it reads
-// the current state instead: the held leases under the prefix, and each
-// scope it has seen by Get, whose last token, for a free scope, is its
-// closing. A scope it never saw whose lease was granted and ended inside
-// such a gap is not advanced until its next event. The scopes it has seen
-// are kept in memory. When it starts, a follower of a store that names its
+// the current state instead: the held leases under the prefix, and by Get
+// each scope whose lease it saw begin and not end, whose last token, for
+// a scope now free, is the closing it missed. So every lease whose grant
+// (or hold) it received is closed, gap or not. A lease granted and ended
+// inside such a gap, which it never saw, is not advanced until the
+// scope's next event. In memory it keeps those leases it knows held, and
+// the marks not yet recorded: a scope whose closing is recorded and that
+// is free again is forgotten, so a follower over short-lived scopes (one
+// per job) stays as small as the leases held at once, and a resync reads
+// no more. When it starts, a follower of a store that names its
 // scopes (a guard.Lister: boltguard, sqlguard, pgxguard and redisguard's
-// stores) reads the state of each scope under the prefix that the store
-// has a mark for, so that a lease that ended while no follower ran is
+// stores) reads, that once, the state of each scope under the prefix that
+// the store has a mark for, so that a lease that ended while no follower ran is
 // closed too; over another store such a lease stays open until the
 // scope's next event. Events reach a follower from the moment the service
 // takes its watch, when Position turns non-zero: a program that must know

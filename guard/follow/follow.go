@@ -29,9 +29,15 @@ type Follower struct {
 	mu      sync.Mutex
 	pending map[string]mark // scope → the highest mark to advance to, not yet applied
 	wake    chan struct{}   // signalled when pending gains an entry
-	seen    map[string]bool // every scope an event named, for a resync
-	// listed says that the store's own scopes are in seen (a
-	// guard.Lister's, read at the first start of the watch).
+	// open holds, by scope, the token of the newest lease an event or a
+	// read of the state showed held and no event has shown ended yet: the
+	// scopes a resync reads, to find the closings missed meanwhile. A scope
+	// leaves it at its lease's end (its closing waits in pending until
+	// recorded), so the follower remembers the leases held, not every
+	// scope it ever saw.
+	open map[string]uint64
+	// listed says that the store's own scopes (a guard.Lister's) were
+	// read, at the first start of the watch.
 	listed bool
 	// behind is, while the watch is broken or the state is being read
 	// again, since when (0 otherwise).
@@ -77,7 +83,7 @@ func WithConcurrency(n int) Option {
 // starting with prefix ("" for all), watching through c. Call Run.
 func New(c *client.Client, store guard.Store, prefix string, opts ...Option) *Follower {
 	f := &Follower{c: c, store: store, prefix: prefix, log: slog.Default(), par: 8,
-		pending: map[string]mark{}, wake: make(chan struct{}, 1), seen: map[string]bool{}, inflight: map[string]mark{}}
+		pending: map[string]mark{}, wake: make(chan struct{}, 1), open: map[string]uint64{}, inflight: map[string]mark{}}
 	for _, o := range opts {
 		o.apply(f)
 	}
@@ -132,7 +138,7 @@ func (f *Follower) Lag() time.Duration {
 func (f *Follower) Advanced() uint64 { return f.advanced.Load() }
 
 // Resyncs reports how many times the follower read the state of the
-// scopes it has seen instead of resuming its watch: the service no longer
+// leases it knew held instead of resuming its watch: the service no longer
 // held the events to resume from, or its watch had never started.
 func (f *Follower) Resyncs() uint64 { return f.resyncs.Load() }
 
@@ -257,56 +263,62 @@ func (f *Follower) caughtUp() {
 	f.behind = time.Time{}
 }
 
-// resync reads the current state of the scopes seen so far, and the first
-// time, for a store that is a guard.Lister, of every scope under the
-// prefix the store has a mark for (not counted in Resyncs): a held scope
-// advances to its lease's token, a free one to its last token (its
-// closing, from log format 8 on; a token floor set since is above every
-// token it had). A held scope's last token may be above its lease's (a
-// token floor), so it is not used.
+// resync reads the current state of the scopes whose lease the follower
+// saw begin and not end, and the first time, for a store that is a
+// guard.Lister, of every scope under the prefix the store has a mark for
+// (not counted in Resyncs): a held scope advances to its lease's token, a
+// free one to its last token (its closing, from log format 8 on; a token
+// floor set since is above every token it had). A held scope's last token
+// may be above its lease's (a token floor), so it is not used. The leases
+// held now, which the follower did not see begin, come as the watch's
+// held events.
 func (f *Follower) resync(ctx context.Context) error {
-	if l, ok := f.store.(guard.Lister); ok && !f.listed {
+	f.mu.Lock()
+	read := make(map[string]bool, len(f.open))
+	for s := range f.open {
+		read[s] = true
+	}
+	f.mu.Unlock()
+	l, list := f.store.(guard.Lister)
+	if list = list && !f.listed; list {
 		scopes, err := l.Scopes(ctx, f.prefix)
 		if err != nil {
 			return fmt.Errorf("list the store's scopes: %w", err)
 		}
-		f.mu.Lock()
 		for _, s := range scopes {
 			// A mark no token could have made (a row written by hand)
 			// would fail every Get, and the follower would never catch up.
 			if fence.ValidateScope(s) == nil {
-				f.seen[s] = true
+				read[s] = true
 			}
 		}
-		f.mu.Unlock()
-		f.listed = true
 	} else {
 		f.resyncs.Add(1)
 	}
-	f.mu.Lock()
-	scopes := make([]string, 0, len(f.seen))
-	for s := range f.seen {
-		scopes = append(scopes, s)
-	}
-	f.mu.Unlock()
 	now := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(f.par)
-	for _, s := range scopes {
+	for s := range read {
 		g.Go(func() error {
 			st, err := f.c.Get(gctx, s)
 			if err != nil {
 				return err
 			}
-			t := st.LastToken
 			if st.Lease != nil {
-				t = st.Lease.Token
+				f.want(s, st.Lease.Token, now)
+				f.track(s, st.Lease.Token, true)
+			} else {
+				f.want(s, st.LastToken, now)
+				f.track(s, st.LastToken, false)
 			}
-			f.want(s, t, now)
 			return nil
 		})
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err // read all again at the next try, the store's scopes too
+	}
+	f.listed = f.listed || list
+	return nil
 }
 
 // event takes in one event of the stream.
@@ -314,10 +326,12 @@ func (f *Follower) event(e client.Event) {
 	switch e.Kind {
 	case client.EventGranted, client.EventHeld:
 		f.want(e.Scope, e.Token, e.Time)
+		f.track(e.Scope, e.Token, true)
 	case client.EventReleased, client.EventExpired:
 		// Under a log format before 8 nothing is closed: the token
 		// itself still refuses every older one.
 		f.want(e.Scope, max(e.Token, e.Closing), e.Time)
+		f.track(e.Scope, e.Token, false)
 	case client.EventLost:
 		if e.Current != 0 {
 			f.want(e.Scope, e.Current, e.Time)
@@ -334,7 +348,6 @@ func (f *Follower) want(scope string, token uint64, at time.Time) {
 		at = time.Now()
 	}
 	f.mu.Lock()
-	f.seen[scope] = true
 	m, ok := f.pending[scope]
 	if !ok || token > m.token {
 		if ok {
@@ -344,6 +357,21 @@ func (f *Follower) want(scope string, token uint64, at time.Time) {
 	}
 	f.mu.Unlock()
 	f.signal()
+}
+
+// track records that the lease with token began (held) or that every
+// lease of scope up to token ended (!held): a scope is read at a resync
+// while a lease it saw begin has not been seen to end.
+func (f *Follower) track(scope string, token uint64, held bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.open[scope]
+	switch {
+	case held && token > t && token <= fence.MaxToken:
+		f.open[scope] = token
+	case !held && ok && t <= token:
+		delete(f.open, scope)
+	}
 }
 
 // apply records the pending marks in the store until ctx ends, up to

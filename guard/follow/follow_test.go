@@ -3,9 +3,11 @@ package follow_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -15,8 +17,10 @@ import (
 
 	"go.etcd.io/bbolt"
 	"go.uber.org/goleak"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fence-dev/fence"
+	fencev1connect "github.com/fence-dev/fence/api/fence/v1/fencev1connect"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/fencetest"
 	"github.com/fence-dev/fence/guard"
@@ -376,6 +380,24 @@ func startServer(t *testing.T, dir string) *server.Server {
 	return srv
 }
 
+// restartCut cuts p off, closes c and srv, starts the service again in dir
+// (a new term, whose leader holds none of the old term's events) and
+// points p at it, still cut; it returns the new server and a client of it.
+func restartCut(t *testing.T, dir string, srv *server.Server, p *proxy, c *client.Client) (*server.Server, *client.Client) {
+	t.Helper()
+	p.setCut(true)
+	c.Close()
+	srv.Close(context.Background())
+	srv = startServer(t, dir)
+	p.setBackend(srv.Addr())
+	c, err := client.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return srv, c
+}
+
 // TestFollowResumes: cut off from the service, the follower resumes
 // where it was, and gets the closing it missed from the stream; cut off
 // across a restart of the service (a new term, whose leader no longer
@@ -425,16 +447,7 @@ func TestFollowResumes(t *testing.T) {
 
 	// Cut off across a restart: the new term's leader has no events of
 	// the old one. b is released before the follower is back.
-	p.setCut(true)
-	c.Close()
-	srv.Close(context.Background())
-	srv = startServer(t, dir)
-	p.setBackend(srv.Addr())
-	c, err = client.New(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	srv, c = restartCut(t, dir, srv, p, c)
 	if _, err := c.Release(ctx, "b", b.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -526,4 +539,103 @@ func TestFollowStartsAfterAnEnd(t *testing.T) {
 	if err := write(listing, scope, l.Token); !errors.Is(err, fence.ErrStale) {
 		t.Errorf("late write over the listing store = %v, want stale", err)
 	}
+}
+
+// counting is an HTTP transport that counts the Get calls answered.
+type counting struct {
+	http.RoundTripper
+	gets atomic.Int64
+}
+
+func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.RoundTripper.RoundTrip(r)
+	if err == nil && resp.StatusCode == http.StatusOK && r.URL.Path == fencev1connect.LeaseServiceGetProcedure {
+		c.gets.Add(1)
+	}
+	return resp, err
+}
+
+// TestFollowForgetsEndedLeases: a long-lived follower over many
+// short-lived scopes (one per job) remembers the leases held, not every
+// scope it saw: once a lease's closing is recorded and the scope is free,
+// it forgets the scope. Across a restart of the service (events missed,
+// the state read again), it reads the leases it knew held, not every
+// scope it ever saw, and still closes the one that ended meanwhile.
+func TestFollowForgetsEndedLeases(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	srv := startServer(t, dir)
+	defer func() { srv.Close(context.Background()) }()
+	p := newProxy(t, srv.Addr())
+	tr := &counting{RoundTripper: http.DefaultTransport.(*http.Transport).Clone()}
+	defer tr.RoundTripper.(*http.Transport).CloseIdleConnections()
+	fc, err := client.New(p.ln.Addr().String(), client.WithRetryTimeout(500*time.Millisecond), client.WithHTTPClient(&http.Client{Transport: tr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fc.Close()
+	store := guard.NewMemoryStore()
+	f := follow.New(fc, store, "job/", follow.WithLogger(quiet))
+	following(t, f)
+	c, err := client.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // restartCut closes it too; a second Close does nothing
+
+	// Three leases stay held; 2,000 jobs each take a scope of their own
+	// and release it, 16 at a time.
+	const held, jobs = 3, 2000
+	var kept []fence.Lease
+	for i := range held {
+		l, err := c.Grant(ctx, fmt.Sprintf("job/held-%d", i), client.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept = append(kept, l)
+	}
+	tokens := make([]uint64, jobs)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i := range jobs {
+		g.Go(func() error {
+			scope := fmt.Sprintf("job/%d", i)
+			l, err := c.Grant(gctx, scope, client.WithTTL(time.Minute))
+			if err != nil {
+				return err
+			}
+			tokens[i] = l.Token
+			_, err = c.Release(gctx, scope, l.ID)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every job's closing recorded", func() bool {
+		for i, tok := range tokens {
+			if store.Highest(fmt.Sprintf("job/%d", i)).Token != tok+1 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, fmt.Sprintf("the follower to remember the %d held leases only", held), func() bool { return f.Remembered() == held })
+
+	// Cut off across a restart: the new term's leader has no events of
+	// the old one. A held lease is released meanwhile.
+	srv, c = restartCut(t, dir, srv, p, c)
+	if _, err := c.Release(ctx, "job/held-0", kept[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	tr.gets.Store(0)
+	p.setCut(false)
+	waitFor(t, "the released lease's closing, read from the state", func() bool { return store.Highest("job/held-0").Token == kept[0].Token+1 })
+	waitFor(t, "the follower caught up after its resync", func() bool { return f.Resyncs() > 0 && f.Position() != 0 && f.Lag() == 0 })
+	// Each read of the state (a failed one too) reads the leases it knew
+	// held, at most: not the 2,000 scopes of the jobs.
+	if gets, resyncs := tr.gets.Load(), f.Resyncs(); gets > int64(held)*int64(resyncs) {
+		t.Errorf("%d Gets in %d resyncs; want at most %d each, the leases known held, not one per scope ever seen", gets, resyncs, held)
+	}
+	waitFor(t, fmt.Sprintf("the follower to remember the %d leases still held", held-1), func() bool { return f.Remembered() == held-1 })
 }

@@ -41,7 +41,7 @@ func NewFollowerCollector(f Follower) *FollowerCollector {
 			"Marks the follower advanced in the store, to a grant's token or a lease's closing token (including advances the store found already done).",
 			nil, labels),
 		resyncs: prometheus.NewDesc("fence_follow_resyncs_total",
-			"Times the follower read the state of the scopes it has seen instead of resuming its watch: the service no longer held the events to resume from, or its watch had never started.",
+			"Times the follower read the state of the leases it knew held instead of resuming its watch: the service no longer held the events to resume from, or its watch had never started.",
 			nil, labels),
 		position: prometheus.NewDesc("fence_follow_watch_position",
 			"The position in the service's watch stream up to which the follower has received every event; 0 before the service took its watch and while it reads the state again.",

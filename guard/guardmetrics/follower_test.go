@@ -92,7 +92,7 @@ func TestFollowerCollector(t *testing.T) {
 		t.Errorf("%d series (%v), want 4", n, err)
 	}
 	help := `
-# HELP fence_follow_resyncs_total Times the follower read the state of the scopes it has seen instead of resuming its watch: the service no longer held the events to resume from, or its watch had never started.
+# HELP fence_follow_resyncs_total Times the follower read the state of the leases it knew held instead of resuming its watch: the service no longer held the events to resume from, or its watch had never started.
 # TYPE fence_follow_resyncs_total counter
 fence_follow_resyncs_total{prefix="orders/"} 0
 `
