@@ -59,8 +59,9 @@ holder's first write; writers need no change, in any language.
 It uses the guard's own monotonic advance (the mark only moves up), so it
 never moves a mark back and never races a writer. Cut off from the
 service, it resumes where it was; when the service no longer holds those
-events (a new leader), it reads the state of the scopes it has seen. A
-follower that is behind or stopped costs only that window, never safety.
+events (a new leader), it reads the state of the leases it saw begin and
+not end. A follower that is behind or stopped costs only that window,
+never safety.
 
 URL is as for install (postgres://, mysql://, redis://; the table
 fence_tokens or the keys fence:{SCOPE}). It runs until interrupted, and
