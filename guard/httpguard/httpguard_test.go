@@ -367,3 +367,72 @@ func TestTransportKeepsLeaseOnOthersRejection(t *testing.T) {
 		})
 	}
 }
+
+// TestTransportPassesOtherConflictsWhole: a 409 problem+json answer that
+// is not a stale-token answer reaches the caller whole and unchanged,
+// however long (issue 41, item 6: a body of 102,478 bytes came cut to
+// 64 KiB), and one cut short on the wire fails the caller's read, as it
+// would without the Transport, instead of ending early as if complete.
+// The lease is left alone.
+func TestTransportPassesOtherConflictsWhole(t *testing.T) {
+	fs := fencetest.NewServer()
+	defer fs.Close()
+	c := fs.Client()
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+
+	const size = 102_478
+	p := httpguard.Problem{Type: "https://example.com/problems/version-conflict", Title: "Version conflict", Status: http.StatusConflict}
+	js, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Detail = strings.Repeat("x", size-len(js)) // the detail is all that grows
+	long, err := json.Marshal(p)
+	if err != nil || len(long) != size {
+		t.Fatalf("the long problem has %d bytes (%v), want %d", len(long), err, size)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		if r.URL.Path == "/cut" {
+			// Announces the whole body and sends only its start: the
+			// server then closes the connection.
+			w.Header().Set("Content-Length", fmt.Sprint(len(long)))
+			w.WriteHeader(http.StatusConflict)
+			_, _ = w.Write(long[:1000])
+			return
+		}
+		w.WriteHeader(http.StatusConflict)
+		_, _ = w.Write(long)
+	}))
+	defer srv.Close()
+	hc := &http.Client{Transport: httpguard.NewTransport(l, nil)}
+
+	resp, err := hc.Post(srv.URL+"/orders", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusConflict || string(got) != string(long) {
+		t.Errorf("answer %d with %d bytes (%v), want 409 with the %d bytes sent", resp.StatusCode, len(got), err, len(long))
+	}
+
+	resp, err = hc.Post(srv.URL+"/cut", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, io.ErrUnexpectedEOF) || string(got) != string(long[:1000]) {
+		t.Errorf("a body cut after 1000 bytes read as %d bytes and %v, want those bytes and io.ErrUnexpectedEOF", len(got), err)
+	}
+	if err := l.Err(); err != nil {
+		t.Errorf("the lease ended on a conflict that is not a stale answer: %v", err)
+	}
+}

@@ -24,7 +24,8 @@ type Lease interface {
 // a stale-token problem (ProblemType) whose scope and presented_token, if
 // given, are the lease's. A stale problem naming another scope or token
 // (a server passing on the refusal of its own write downstream) is
-// returned as it came and leaves the lease alone. Once the lease is
+// returned as it came and leaves the lease alone. Every answer's body
+// reaches the caller whole, a stale answer's included. Once the lease is
 // lost, requests fail without being sent: retrying a stale token can never
 // succeed. It is safe for concurrent use.
 type Transport struct {
@@ -60,12 +61,19 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/problem+json" {
 		return resp, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	if err != nil {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStaleAnswer+1))
+	if err != nil || len(body) > maxStaleAnswer {
+		// Not a stale answer: the caller reads the body as it came, the
+		// bytes read here and then the rest, or the error that cut it.
+		rest := io.Reader(resp.Body)
+		if err != nil {
+			rest = failed{err}
+		}
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(body), rest), resp.Body}
 		return resp, nil
 	}
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
 	var p Problem
 	if json.Unmarshal(body, &p) != nil || p.Type != ProblemType {
 		return resp, nil
@@ -80,3 +88,18 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	t.lease.MarkLost(&guard.StaleError{Scope: tok.Scope, Presented: tok.Value, Highest: p.HighestToken})
 	return resp, nil
 }
+
+// maxStaleAnswer bounds what Transport reads of a 409 to tell a stale
+// answer, which takes a few hundred bytes: a longer body is not one.
+const maxStaleAnswer = 64 << 10
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// failed is a reader that fails with its error.
+type failed struct{ err error }
+
+func (f failed) Read([]byte) (int, error) { return 0, f.err }
