@@ -91,6 +91,12 @@
 // fenced write fails (say INCRBY on a string), the mark is not advanced,
 // but commands that ran before the failure in an Eval body stay applied.
 //
+// The functions check no signature, and a Go Guard checks one in its own
+// process: any Redis user that may write a mark key, or call the
+// functions, can set a mark to 2^63-1 and lock the scope's holders out.
+// Only Redis's ACL can keep it to the writers and the follower
+// (docs/security.md, "Who may move a mark", has the rules).
+//
 // The fence is only as durable as the Redis: without AOF and
 // appendfsync always, a crash can lose an accepted mark together with the
 // write it fenced, and then a late stale write is accepted after restart.

@@ -147,6 +147,12 @@
 // none on the accepted path. On PostgreSQL, guard/pgxguard fences through
 // pgx on the same table without the extra round trip. See BENCHMARKS.md, "Known costs".
 //
+// The functions Install puts in the database check no signature: whoever
+// may call them, or write the fence table, can set a mark to 2^63-1 and
+// lock the scope's holders out. Grant them and the table to the writers and
+// the follower alone (docs/security.md, "Who may move a mark", has the
+// GRANT and REVOKE statements).
+//
 // A write rolled back by a deadlock or serialization error, like any
 // other failure, leaves the mark where it was; retrying it with the same
 // token is safe. A stale write must not be retried with its token.
