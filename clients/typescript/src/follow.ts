@@ -65,11 +65,17 @@ interface Want {
  * Cut off from fenced, it resumes the watch after the last response it
  * read; when fenced no longer holds those events (out_of_range: a new
  * leader, a restart, a long absence) or the watch never started, it watches
- * again from now with the held leases and reads each scope it has seen
- * (Client.get), advancing to its lease's token or its last token. When
- * its MarkAdvancer names the scopes that have a mark (scopes), a follower
- * that starts reads each under its prefix too, once its first watch has
- * started, closing the leases that ended while no follower ran. A
+ * again from now with the held leases and reads (Client.get) each scope
+ * whose lease it saw begin and not end, advancing to its lease's token or
+ * its last token, the closing it missed: every lease whose grant it
+ * received is closed, gap or not; one granted and ended inside the gap
+ * stays open until its scope's next event. It keeps in memory only those
+ * leases and the marks not yet recorded: a scope whose closing it received
+ * is forgotten once recorded, so a follower over short-lived scopes (one
+ * per job) stays as small as the leases held at once. When its
+ * MarkAdvancer names the scopes that have a mark (scopes), a follower that
+ * starts reads each under its prefix too, that once, when its first watch
+ * has started, closing the leases that ended while no follower ran. A
  * follower that is behind or stopped costs only the window it closes,
  * never safety: the guard's rule still refuses every token older than one
  * it accepted.
@@ -85,8 +91,12 @@ export class Follower {
   readonly #warn: (message: string, err?: unknown) => void;
   readonly #pending = new Map<string, Want>();
   readonly #inflight = new Map<string, Want>();
-  readonly #seen = new Set<string>();
-  /** That the store's own scopes (MarkAdvancer.scopes) are in #seen, read at the first start of the watch. */
+  /**
+   * By scope, the token of the newest lease an event or a read of the state
+   * showed held and no event has shown ended: the scopes a resync reads.
+   */
+  readonly #open = new Map<string, bigint>();
+  /** That the store's own scopes (MarkAdvancer.scopes) were read, at the first start of the watch. */
   #listed = false;
   /** While the watch is broken or the state is read again: since when (Date.now()); 0 otherwise. */
   #behind = 0;
@@ -214,39 +224,44 @@ export class Follower {
   }
 
   /**
-   * #resync reads the state of the scopes seen so far, and the first time,
-   * for a store that names its scopes (MarkAdvancer.scopes), of every scope
-   * under the prefix the store has a mark for (not counted in resyncs): a
-   * held scope advances to its lease's token, a free one to its last token
-   * (its closing, from log format 8 on). A held scope's last token may be
-   * above its lease's (a token floor), so it is not used. Up to concurrency
-   * scopes are read at once.
+   * #resync reads the state of the scopes whose lease it saw begin and not
+   * end, and the first time, for a store that names its scopes
+   * (MarkAdvancer.scopes), of every scope under the prefix the store has a
+   * mark for (not counted in resyncs): a held scope advances to its lease's
+   * token, a free one to its last token (its closing, from log format 8
+   * on). A held scope's last token may be above its lease's (a token
+   * floor), so it is not used. The leases held now that it did not see
+   * begin come as the watch's held events. Up to concurrency scopes are
+   * read at once.
    */
   async #resync(signal: AbortSignal): Promise<void> {
-    if (this.#marks.scopes !== undefined && !this.#listed) {
+    const read = new Set(this.#open.keys());
+    const scopesOf = this.#listed ? undefined : this.#marks.scopes?.bind(this.#marks);
+    if (scopesOf !== undefined) {
       let listed: string[];
       try {
-        listed = await this.#marks.scopes(this.prefix);
+        listed = await scopesOf(this.prefix);
       } catch (err) {
         throw new FenceError(`list the store's scopes: ${(err as Error)?.message ?? err}`, { code: "unavailable", cause: err });
       }
       for (const scope of listed) {
         // A name that is no scope (a key another program made) would fail
         // every read; the store's answer is only a hint.
-        if (typeof scope === "string" && scope.startsWith(this.prefix) && isScope(scope)) this.#seen.add(scope);
+        if (typeof scope === "string" && scope.startsWith(this.prefix) && isScope(scope)) read.add(scope);
       }
-      this.#listed = true;
     } else {
       this.#resyncs++;
     }
     const now = Date.now();
-    const scopes = [...this.#seen];
+    const scopes = [...read];
     let next = 0;
     const worker = async () => {
       while (next < scopes.length && !signal.aborted) {
         const scope = scopes[next++]!;
         const st = await this.#client.get(scope, { signal });
-        this.#want(scope, st.lease?.token ?? st.lastToken, now);
+        const token = st.lease?.token ?? st.lastToken;
+        this.#want(scope, token, now);
+        this.#track(scope, token, st.lease !== undefined);
       }
     };
     // The first failure rejects; the other readers stop at their next scope.
@@ -257,6 +272,9 @@ export class Follower {
       next = scopes.length;
       await Promise.allSettled(workers);
     }
+    // Only now: after a failed read the next try reads all again, the
+    // store's scopes too.
+    if (scopesOf !== undefined) this.#listed = true;
   }
 
   #event(e: WatchEvent): void {
@@ -265,12 +283,14 @@ export class Follower {
       case "granted":
       case "held":
         this.#want(e.scope, e.token, at);
+        this.#track(e.scope, e.token, true);
         break;
       case "released":
       case "expired":
         // Under a log format before 8 nothing is closed: the token itself
         // still refuses every older one.
         this.#want(e.scope, e.closingToken > e.token ? e.closingToken : e.token, at);
+        this.#track(e.scope, e.token, false);
         break;
       case "lost":
         if (e.currentToken !== 0n) this.#want(e.scope, e.currentToken, at);
@@ -283,13 +303,23 @@ export class Follower {
     if (token <= 0n || token > MAX_TOKEN || scope === "") return;
     const now = Date.now();
     if (!Number.isFinite(at) || at > now) at = now;
-    this.#seen.add(scope);
     const p = this.#pending.get(scope);
     if (p === undefined || token > p.token) {
       // The oldest wait counts.
       this.#pending.set(scope, { token, at: p === undefined ? at : p.at });
     }
     this.#pump();
+  }
+
+  /**
+   * #track records that the lease with token began (held) or that every
+   * lease of scope up to token ended (!held): a scope is read at a resync
+   * while a lease it saw begin has not been seen to end.
+   */
+  #track(scope: string, token: bigint, held: boolean): void {
+    const t = this.#open.get(scope);
+    if (held && token > (t ?? 0n) && token <= MAX_TOKEN) this.#open.set(scope, token);
+    else if (!held && t !== undefined && t <= token) this.#open.delete(scope);
   }
 
   /** #pump starts advances for pending scopes, up to the concurrency, one per scope at a time. */

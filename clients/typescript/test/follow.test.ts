@@ -269,6 +269,67 @@ test("the follower resumes where it was within a term, and reads the state again
   await until("no lag", () => f.lagMs === 0);
 });
 
+/** CountingClient is a Client that counts the gets fenced answered. */
+class CountingClient extends Client {
+  gets = 0;
+  override async get(...args: Parameters<Client["get"]>): ReturnType<Client["get"]> {
+    const st = await super.get(...args);
+    this.gets++;
+    return st;
+  }
+}
+
+test("a follower over many short-lived scopes forgets each once closed, and its resync reads the leases held, not every scope it saw", async () => {
+  const fenced = await startFenced();
+  const p = await proxy(Number(new URL(fenced.url).port));
+  const client = new Client(fenced.url, { holder: "ts-follow" });
+  after(() => client.close());
+  const store = new MemoryMarkStore();
+  const fc = new CountingClient(p.url, { retryTimeoutMs: 500 });
+  const f = follow(fc, markStoreAdvancer(store), "job/");
+  await until("the follower to watch", async () => {
+    const l = await client.acquire("job/start", { ttl: 60_000 });
+    await l.release();
+    return store.highest("job/start").token === l.token + 1n;
+  });
+
+  // Three leases stay held; 2,000 jobs each take a scope of their own and
+  // release it, 16 at a time.
+  const held = 3;
+  const jobs = 2000;
+  const kept: Lease[] = [];
+  for (let i = 0; i < held; i++) kept.push(await client.acquire(`job/held-${i}`, { ttl: 60_000 }));
+  const tokens: bigint[] = [];
+  let next = 0;
+  const worker = async () => {
+    for (let i = next++; i < jobs; i = next++) {
+      const l = await client.acquire(`job/${i}`, { ttl: 60_000 });
+      tokens[i] = l.token;
+      await l.release();
+    }
+  };
+  await Promise.all(Array.from({ length: 16 }, worker));
+  await until("every job's closing recorded", () => tokens.every((t, i) => store.highest(`job/${i}`).token === t + 1n));
+  await until("no lag once caught up", () => f.lagMs === 0);
+
+  // Cut off across a restart: the new term's leader has none of the old
+  // one's events. A held lease is released meanwhile.
+  p.cut();
+  await fenced.stop();
+  await until("a lag while fenced is down", () => f.lagMs >= 200);
+  await fenced.restart();
+  await client.get("job/held-0"); // the client's node is back
+  await kept[0]!.release();
+  const closing = (await client.get("job/held-0")).lastToken;
+  fc.gets = 0;
+  p.uncut();
+  await until("the released lease's closing, read from the state", () => store.highest("job/held-0").token === closing);
+  await until("caught up after the resync", () => f.resyncs > 0 && f.lagMs === 0);
+  // Each read of the state (a failed one too) reads the leases it knew
+  // held, at most: not the 2,000 scopes of the jobs.
+  assert.ok(fc.gets <= held * f.resyncs, `${fc.gets} gets in ${f.resyncs} resyncs; want at most ${held} each, the leases known held, not one per scope ever seen`);
+});
+
 for (const [name, url, open] of stores) {
   test(`${name}: a lease that ended before the follower started is closed once it starts, the store naming its scopes`, { skip: url === undefined && `the ${name} server is not set` }, async () => {
     const fenced = await startFenced();
