@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/client"
 )
 
@@ -129,7 +130,7 @@ status 1).`,
 		Example: `  fencectl acquire orders
   fencectl acquire orders/shard-7 --holder worker-3 --ttl 30s
   fencectl acquire orders --wait --timeout 1m
-  fencectl acquire orders -o json | jq -r .lease_id`,
+  fencectl acquire orders -o json | jq -r .lease.leaseId`,
 		Args: exactArgs("SCOPE"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			scope := args[0]
@@ -147,7 +148,7 @@ status 1).`,
 			if err != nil {
 				return f.acquireFailed(cmd.Context(), c, scope, err)
 			}
-			return a.emit(leaseOut(l), func(w io.Writer) {
+			return a.emit(&fencev1.AcquireResponse{Lease: leaseOut(l)}, func(w io.Writer) {
 				fmt.Fprintf(w, "granted %s\n", leaseText(l))
 			})
 		}),

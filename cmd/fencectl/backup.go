@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/spf13/cobra"
 )
@@ -49,7 +50,7 @@ With an auth file, the caller needs the "cluster" permission.`,
 			if err != nil {
 				return err
 			}
-			return a.emit(map[string]any{"file": path, "bytes": n}, func(w io.Writer) {
+			return a.emit(map[string]any{"file": path, "bytes": strconv.FormatInt(n, 10)}, func(w io.Writer) {
 				fmt.Fprintf(w, "saved %d bytes to %s; restore with: fenced --data-dir NEW_DIR --restore %s\n", n, path, path)
 			})
 		}),

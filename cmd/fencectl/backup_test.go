@@ -32,7 +32,7 @@ func TestBackupRestore(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "fence.backup")
 	var out struct {
 		File  string `json:"file"`
-		Bytes int64  `json:"bytes"`
+		Bytes int64  `json:"bytes,string"` // a 64-bit integer: a string, as in the API's JSON
 	}
 	s.wantJSON(t, 0, &out, "backup", file)
 	fi, err := os.Stat(file)

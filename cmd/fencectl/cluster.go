@@ -8,42 +8,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/internal/fsm"
 )
 
-// clusterJSON is cluster status's -o json output. Nodes is never null.
-type clusterJSON struct {
-	Leader string      `json:"leader"` // empty while there is none
-	NodeID string      `json:"node_id"`
-	Term   uint64      `json:"term"`
-	Nodes  []*nodeJSON `json:"nodes"`
-}
-
-// membersJSON is the -o json output of cluster add and remove: the node
-// changed and the members after the change.
-type membersJSON struct {
-	Added   string      `json:"added,omitempty"`
-	Removed string      `json:"removed,omitempty"`
-	Nodes   []*nodeJSON `json:"nodes"`
-}
-
-// nodeJSON is a member of the cluster in -o json output.
-type nodeJSON struct {
-	ID       string `json:"id"`
-	APIAddr  string `json:"api_addr"`
-	RaftAddr string `json:"raft_addr"`
-	State    string `json:"state"`
-	Voter    bool   `json:"voter"`
-	// Version is the node's build (cluster status only): "unknown" when the
-	// node reported none.
-	Version string `json:"version,omitempty"`
-}
-
-func nodesOut(ns []client.Node) []*nodeJSON {
-	out := make([]*nodeJSON, 0, len(ns))
+// nodesOut is the members as the API's Nodes.
+func nodesOut(ns []client.Node) []*fencev1.Node {
+	out := make([]*fencev1.Node, 0, len(ns))
 	for _, n := range ns {
-		out = append(out, &nodeJSON{ID: n.ID, APIAddr: n.APIAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter})
+		out = append(out, &fencev1.Node{Id: n.ID, ApiAddr: n.APIAddr, RaftAddr: n.RaftAddr, State: n.State, Voter: n.Voter, Version: n.Version})
 	}
 	return out
 }
@@ -129,9 +103,11 @@ which asks each peer for its state: around an election, nodes can disagree
 for a moment. No leader is not an error: the status is printed and the
 exit status is 0.
 
-With -o json it prints {"leader": ID, "node_id": ID, "term": N, "nodes":
-[{"id", "api_addr", "raft_addr", "state", "voter", "version"}, ...]}; node_id is the
-node that answered and leader is empty while there is none.`,
+With -o json it prints the API's StatusResponse: {"nodes": [{"id",
+"apiAddr", "raftAddr", "state", "voter", "version"}, ...], "leader",
+"nodeId", "term", "commitIndex", "appliedIndex"}; nodeId is the node that
+answered, leader is left out while there is none, and a node's version
+while it reported none.`,
 		Example: `  fencectl cluster status
   fencectl cluster status -o json | jq -r .leader`,
 		Args: exactArgs(),
@@ -145,10 +121,8 @@ node that answered and leader is empty while there is none.`,
 			if err != nil {
 				return err
 			}
-			out := clusterJSON{Leader: st.Leader, NodeID: st.NodeID, Term: st.Term, Nodes: nodesOut(st.Nodes)}
-			for i, n := range st.Nodes {
-				out.Nodes[i].Version = nodeVersion(n)
-			}
+			out := &fencev1.StatusResponse{Nodes: nodesOut(st.Nodes), Leader: st.Leader, NodeId: st.NodeID, Term: st.Term,
+				CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex}
 			return a.emit(out, func(w io.Writer) {
 				if st.Leader == "" {
 					fmt.Fprintf(w, "no leader in term %d, as node %s sees it\n", st.Term, st.NodeID)
@@ -185,7 +159,7 @@ refused from another node's certificate, and for an ID that is not a
 member. Start the moved node first, without --join (a join at the new
 addresses is refused until the replace): its new Raft address must answer.
 
-With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
+With -o json it prints the API's AddNodeResponse, {"nodes": [NODE, ...]}, each node as
 "fencectl cluster status" prints it.`,
 		Example: `  fencectl cluster add n4 --raft-addr 10.0.0.4:7491 --api-addr 10.0.0.4:7481
   fencectl cluster add n2 --raft-addr 10.0.0.7:7491 --api-addr 10.0.0.7:7481 --replace`,
@@ -193,12 +167,12 @@ With -o json it prints {"added": ID, "nodes": [NODE, ...]}, each node as
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			id := args[0]
 			if replace {
-				return a.changeMembers(cmd.Context(), id, membersJSON{Added: id}, "replaced node "+id+": now at raft "+raftAddr+", api "+apiAddr,
+				return a.changeMembers(cmd.Context(), id, "replaced node "+id+": now at raft "+raftAddr+", api "+apiAddr,
 					func(ctx context.Context, c *client.Client) ([]client.Node, error) {
 						return c.ReplaceNode(ctx, id, raftAddr, apiAddr)
 					})
 			}
-			return a.changeMembers(cmd.Context(), id, membersJSON{Added: id}, "added node "+id+" at raft "+raftAddr,
+			return a.changeMembers(cmd.Context(), id, "added node "+id+" at raft "+raftAddr,
 				func(ctx context.Context, c *client.Client) ([]client.Node, error) {
 					return c.AddNode(ctx, id, raftAddr, apiAddr)
 				})
@@ -225,13 +199,13 @@ Removing a node that is not a member, or the last one, fails with exit
 status 2 and changes nothing. Shrink a cluster one node at a time, keeping
 a majority of the remaining members up.
 
-With -o json it prints {"removed": ID, "nodes": [NODE, ...]}, each node as
+With -o json it prints the API's RemoveNodeResponse, {"nodes": [NODE, ...]}, each node as
 "fencectl cluster status" prints it.`,
 		Example: `  fencectl cluster remove n3`,
 		Args:    exactArgs("ID"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			return a.changeMembers(cmd.Context(), id, membersJSON{Removed: id}, "removed node "+id,
+			return a.changeMembers(cmd.Context(), id, "removed node "+id,
 				func(ctx context.Context, c *client.Client) ([]client.Node, error) {
 					return c.RemoveNode(ctx, id)
 				})
@@ -240,9 +214,9 @@ With -o json it prints {"removed": ID, "nodes": [NODE, ...]}, each node as
 }
 
 // changeMembers checks the node ID and makes one membership change. It
-// prints out (-o json) or the line done (text), each with the members after
-// the change.
-func (a *app) changeMembers(ctx context.Context, id string, out membersJSON, done string,
+// prints the members after the change: as the API answers (-o json), or
+// after the line done (text).
+func (a *app) changeMembers(ctx context.Context, id string, done string,
 	change func(context.Context, *client.Client) ([]client.Node, error)) error {
 	if err := fsm.ValidateNodeID(id); err != nil {
 		return usage(err)
@@ -256,8 +230,8 @@ func (a *app) changeMembers(ctx context.Context, id string, out membersJSON, don
 	if err != nil {
 		return err
 	}
-	out.Nodes = nodesOut(nodes)
-	return a.emit(out, func(w io.Writer) {
+	// AddNodeResponse and RemoveNodeResponse have the same one field.
+	return a.emit(&fencev1.AddNodeResponse{Nodes: nodesOut(nodes)}, func(w io.Writer) {
 		fmt.Fprintln(w, done)
 		nodesText(w, nodes, "", false)
 	})

@@ -7,17 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
-
-// scopeJSON is get's -o json output. A held scope adds its lease's fields
-// (without the lease ID, which only its holder knows) and the waiters.
-type scopeJSON struct {
-	Scope     string `json:"scope"`
-	Held      bool   `json:"held"`
-	LastToken uint64 `json:"last_token"`
-	*leaseJSON
-	Waiters *int `json:"waiters,omitempty"`
-}
 
 func (a *app) newGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -27,9 +18,12 @@ func (a *app) newGetCmd() *cobra.Command {
 many acquires wait in line. For a free scope it shows the last token
 issued, which the next grant exceeds (for a scope not granted since the
 service last took office: the token floor it set, its wall clock in
-microseconds).`,
+microseconds).
+
+With -o json it prints the API's GetResponse: {"scope", "lease": LEASE
+(only while held), "lastToken", "waiters"}, without the lease ID.`,
 		Example: `  fencectl get orders
-  fencectl get orders -o json | jq .held`,
+  fencectl get orders -o json | jq '.lease != null'`,
 		Args: exactArgs("SCOPE"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
 			scope := args[0]
@@ -45,10 +39,11 @@ microseconds).`,
 			if err != nil {
 				return err
 			}
-			out := scopeJSON{Scope: scope, Held: st.Lease != nil, LastToken: st.LastToken}
+			// The API's GetResponse: the lease (without its ID, which only
+			// its holder knows) only if the scope is held.
+			out := &fencev1.GetResponse{Scope: scope, LastToken: st.LastToken, Waiters: uint32(st.Waiters)}
 			if st.Lease != nil {
-				out.leaseJSON = leaseOut(*st.Lease)
-				out.Waiters = &st.Waiters
+				out.Lease = leaseOut(*st.Lease)
 			}
 			return a.emit(out, func(w io.Writer) {
 				switch l := st.Lease; {

@@ -28,11 +28,11 @@ import (
 // guardFollowJSON is a line of guard follow's -o json output: one when it
 // starts, one per --report interval, and one when it stops.
 type guardFollowJSON struct {
-	URL      string  `json:"url"` // without its password
-	Prefix   string  `json:"prefix"`
-	Advanced uint64  `json:"advanced"`
-	Resyncs  uint64  `json:"resyncs"`
-	LagMs    float64 `json:"lag_ms"`
+	URL      string `json:"url"` // without its password
+	Prefix   string `json:"prefix"`
+	Advanced uint64 `json:"advanced,string"` // 64-bit integers are strings, as in the API's JSON
+	Resyncs  uint64 `json:"resyncs,string"`
+	Lag      string `json:"lag"` // a duration as protojson writes one: "0.012s"
 	// Listen is where --listen serves /metrics and the status page (the
 	// address it bound: a port of 0 is chosen).
 	Listen  string `json:"listen,omitempty"`
@@ -131,7 +131,7 @@ line printed names the address bound (a port of 0 picks one).`,
 			}
 			line := func(stopped bool) error {
 				out := guardFollowJSON{URL: redactURL(t.url), Prefix: prefix, Advanced: f.Advanced(), Resyncs: f.Resyncs(),
-					LagMs: float64(f.Lag().Microseconds()) / 1000, Listen: bound, Stopped: stopped}
+					Lag: durationJSON(f.Lag()), Listen: bound, Stopped: stopped}
 				return a.emit(out, func(w io.Writer) {
 					verb := "following"
 					if stopped {

@@ -159,7 +159,9 @@ func startGuardFollow(t *testing.T, s *fenced, u, prefix string, extra ...string
 		t.Fatalf("guard follow printed nothing: %s", stderr.String())
 	}
 	var first guardFollowJSON
-	if err := json.Unmarshal(lines.Bytes(), &first); err != nil || first.Prefix != prefix || strings.Contains(lines.Text(), ":fence@") {
+	// 64-bit counts and the lag are strings, as in the API's JSON.
+	if err := json.Unmarshal(lines.Bytes(), &first); err != nil || first.Prefix != prefix || strings.Contains(lines.Text(), ":fence@") ||
+		!strings.Contains(lines.Text(), `"advanced":"`) || !strings.Contains(lines.Text(), `"lag":"`) {
 		t.Fatalf("guard follow's first line %q: %v", lines.Text(), err)
 	}
 	return first

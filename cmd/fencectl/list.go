@@ -8,14 +8,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
-
-// listJSON is list's -o json output: an object, so fields can be added
-// later without breaking scripts. Leases is never null.
-type listJSON struct {
-	Prefix string       `json:"prefix"`
-	Leases []*leaseJSON `json:"leases"`
-}
 
 func (a *app) newListCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -25,11 +19,11 @@ func (a *app) newListCmd() *cobra.Command {
 without one), in scope order, with holder, token, TTL and time left. Free
 scopes are not listed; "fencectl get" shows one.
 
-With -o json it prints {"prefix": PREFIX, "leases": [LEASE, ...]}, without
-lease IDs.`,
+With -o json it prints the API's ListResponse, every page in one:
+{"leases": [LEASE, ...]} without lease IDs, and {} when none is held.`,
 		Example: `  fencectl list
   fencectl list orders/
-  fencectl list -o json | jq -r '.leases[].scope'`,
+  fencectl list -o json | jq -r '.leases[]?.scope'`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {
 				return usageErrorf("unexpected argument %q: list takes at most one PREFIX", args[1])
@@ -53,7 +47,7 @@ lease IDs.`,
 			if err != nil {
 				return err
 			}
-			out := listJSON{Prefix: prefix, Leases: make([]*leaseJSON, 0, len(leases))}
+			out := &fencev1.ListResponse{}
 			for _, l := range leases {
 				out.Leases = append(out.Leases, leaseOut(l))
 			}

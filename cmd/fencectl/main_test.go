@@ -24,7 +24,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/client"
 )
 
@@ -206,62 +209,133 @@ func (s *fenced) want(t *testing.T, code int, args ...string) result {
 }
 
 // wantJSON runs fencectl with -o json, wants exit status code and decodes
-// its stdout, one JSON object, into v.
+// its stdout, one JSON object on one line, into v: through the API's
+// message with protojson (which refuses unknown fields) where v is one of
+// the API's shapes, strictly with encoding/json otherwise.
 func (s *fenced) wantJSON(t *testing.T, code int, v any, args ...string) result {
 	t.Helper()
 	r := s.want(t, code, append(args, "-o", "json")...)
-	dec := json.NewDecoder(strings.NewReader(r.stdout))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		t.Fatalf("decode stdout: %v\n%v", err, r)
+	if strings.Count(r.stdout, "\n") != 1 || !strings.HasSuffix(r.stdout, "\n") {
+		t.Fatalf("stdout is not one line\n%v", r)
 	}
-	if dec.More() {
-		t.Fatalf("stdout has more than one JSON value\n%v", r)
+	if err := decodeJSON([]byte(r.stdout), v); err != nil {
+		t.Fatalf("decode stdout: %v\n%v", err, r)
 	}
 	return r
 }
 
-// The JSON shapes the tests read; unknown fields fail the decoding.
+// apiShape is a test's view of one of the API's messages, filled from the
+// message protojson decodes.
+type apiShape interface{ fromAPI(b []byte) error }
+
+func decodeJSON(b []byte, v any) error {
+	if a, ok := v.(apiShape); ok {
+		return a.fromAPI(b)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("more than one JSON value")
+	}
+	return nil
+}
+
+// The JSON shapes the tests read: the API's messages (acquire's and
+// renew's {"lease": LEASE}, get's, list's, release's), flattened for the
+// checks; unknown fields fail the decoding.
 type leaseOutput struct {
-	Scope       string `json:"scope"`
-	Token       uint64 `json:"token"`
-	TokenText   string `json:"token_text"`
-	LeaseID     string `json:"lease_id"`
-	Holder      string `json:"holder"`
-	TTLMs       int64  `json:"ttl_ms"`
-	ExpiresInMs int64  `json:"expires_in_ms"`
+	Scope       string
+	Token       uint64
+	TokenText   string
+	LeaseID     string
+	Holder      string
+	TTLMs       int64
+	ExpiresInMs int64
+}
+
+func leaseOf(p *fencev1.Lease) leaseOutput {
+	return leaseOutput{Scope: p.GetScope(), Token: p.GetToken(), TokenText: p.GetTokenText(), LeaseID: p.GetLeaseId(),
+		Holder: p.GetHolder(), TTLMs: p.GetTtl().AsDuration().Milliseconds(), ExpiresInMs: p.GetExpiresIn().AsDuration().Milliseconds()}
+}
+
+// fromAPI reads acquire's and renew's output: AcquireResponse, which is
+// RenewResponse's shape too.
+func (l *leaseOutput) fromAPI(b []byte) error {
+	var m fencev1.AcquireResponse
+	if err := protojson.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	if m.Lease == nil {
+		return errors.New("no lease")
+	}
+	*l = leaseOf(m.Lease)
+	return nil
 }
 
 type getOutput struct {
-	Scope     string `json:"scope"`
-	Held      bool   `json:"held"`
-	LastToken uint64 `json:"last_token"`
+	Scope     string
+	Held      bool // the lease is there
+	LastToken uint64
 	leaseOutput
-	Waiters *int `json:"waiters"`
+	Waiters int
+}
+
+func (g *getOutput) fromAPI(b []byte) error {
+	var m fencev1.GetResponse
+	if err := protojson.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*g = getOutput{Scope: m.Scope, Held: m.Lease != nil, LastToken: m.LastToken, Waiters: int(m.Waiters)}
+	if m.Lease != nil {
+		g.leaseOutput = leaseOf(m.Lease)
+	}
+	return nil
 }
 
 type releaseOutput struct {
-	Scope     string `json:"scope"`
-	Released  bool   `json:"released"`
-	Token     uint64 `json:"token"`
-	TokenText string `json:"token_text"`
-	LeaseID   string `json:"lease_id"`
+	Scope string
+	Token uint64
+}
+
+func (r *releaseOutput) fromAPI(b []byte) error {
+	var m fencev1.ReleaseResponse
+	if err := protojson.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*r = releaseOutput{Scope: m.Scope, Token: m.Token}
+	return nil
 }
 
 type listOutput struct {
-	Prefix string        `json:"prefix"`
-	Leases []leaseOutput `json:"leases"`
+	Leases []leaseOutput
 }
 
+func (o *listOutput) fromAPI(b []byte) error {
+	var m fencev1.ListResponse
+	if err := protojson.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	o.Leases = nil
+	for _, l := range m.Leases {
+		o.Leases = append(o.Leases, leaseOf(l))
+	}
+	return nil
+}
+
+// errorOutput has no API message: it follows the API's rules (names in
+// lowerCamelCase, 64-bit integers and durations as strings).
 type errorOutput struct {
-	Error       string `json:"error"`
-	Code        string `json:"code"`
-	ExitStatus  int    `json:"exit_status"`
-	Scope       string `json:"scope"`
-	Holder      string `json:"holder"`
-	Token       uint64 `json:"token"`
-	ExpiresInMs *int64 `json:"expires_in_ms"`
-	Field       string `json:"field"`
+	Error      string `json:"error"`
+	Code       string `json:"code"`
+	ExitStatus int    `json:"exitStatus"`
+	Scope      string `json:"scope"`
+	Holder     string `json:"holder"`
+	Token      uint64 `json:"token,string"`
+	ExpiresIn  string `json:"expiresIn"`
+	Field      string `json:"field"`
 }
 
 // checkLease checks a lease the caller holds, as acquire and renew print it.
@@ -282,6 +356,13 @@ func checkLease(t *testing.T, l leaseOutput, scope, holder string, ttl time.Dura
 	if l.ExpiresInMs <= 0 || l.ExpiresInMs > l.TTLMs {
 		t.Errorf("expires_in_ms %d, want in (0, %d]", l.ExpiresInMs, l.TTLMs)
 	}
+}
+
+// positiveDuration reports whether s is a duration above 0 as protojson
+// writes one ("4.998s").
+func positiveDuration(s string) bool {
+	d, err := time.ParseDuration(s)
+	return err == nil && strings.HasSuffix(s, "s") && d > 0
 }
 
 // wantStderr fails unless stderr starts with "fencectl: " and has every
@@ -331,18 +412,19 @@ func TestWalkthrough(t *testing.T) {
 
 	var rel releaseOutput
 	s.wantJSON(t, 0, &rel, "release", "orders", "--lease", first.LeaseID)
-	if want := (releaseOutput{Scope: "orders", Released: true, Token: t1, TokenText: first.TokenText, LeaseID: first.LeaseID}); rel != want {
+	if want := (releaseOutput{Scope: "orders", Token: t1}); rel != want {
 		t.Errorf("release: %+v, want %+v", rel, want)
 	}
 
-	// A free scope: exactly scope, held and last_token.
+	// A free scope: exactly scope and lastToken, a 64-bit integer as a
+	// string, as the API answers (protojson).
 	r = s.want(t, 0, "get", "orders", "-o", "json")
 	var free map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &free); err != nil {
 		t.Fatal(err)
 	}
 	// Its last token is the closing of t1 (log format 8).
-	if want := map[string]any{"scope": "orders", "held": false, "last_token": float64(t1 + 1)}; !mapsEqual(free, want) {
+	if want := map[string]any{"scope": "orders", "lastToken": strconv.FormatUint(t1+1, 10)}; !mapsEqual(free, want) {
 		t.Errorf("get of a free scope: %v, want %v", free, want)
 	}
 	r = s.want(t, 0, "get", "orders")
@@ -370,7 +452,7 @@ func TestWalkthrough(t *testing.T) {
 	var held errorOutput
 	s.wantJSON(t, 3, &held, "acquire", "orders", "--holder", "b")
 	if held.Code != "held" || held.ExitStatus != 3 || held.Scope != "orders" || held.Holder != "a" ||
-		held.Token != t2 || held.ExpiresInMs == nil || *held.ExpiresInMs <= 0 || !strings.Contains(held.Error, `held by "a"`) {
+		held.Token != t2 || !positiveDuration(held.ExpiresIn) || !strings.Contains(held.Error, `held by "a"`) {
 		t.Errorf("held error object: %+v", held)
 	}
 
@@ -436,7 +518,7 @@ func TestWaitTimeout(t *testing.T) {
 	wantStderr(t, r, "gave up after --timeout 300ms", `held by "a"`, fmt.Sprintf("token %d", l.Token))
 	var st getOutput
 	s.wantJSON(t, 0, &st, "get", "busy")
-	if st.Token != l.Token || st.Holder != "a" || *st.Waiters != 0 {
+	if st.Token != l.Token || st.Holder != "a" || st.Waiters != 0 {
 		t.Errorf("after the timed-out wait: %+v; want a's lease and no waiters", st)
 	}
 }
@@ -449,12 +531,12 @@ func TestList(t *testing.T) {
 	}
 	var list listOutput
 	s.wantJSON(t, 0, &list, "list", "a/")
-	if list.Prefix != "a/" || len(list.Leases) != 2 || list.Leases[0].Scope != "a/1" || list.Leases[1].Scope != "a/2" ||
+	if len(list.Leases) != 2 || list.Leases[0].Scope != "a/1" || list.Leases[1].Scope != "a/2" ||
 		list.Leases[0].Holder != "h-a/1" {
 		t.Errorf("list a/: %+v", list)
 	}
 	r := s.want(t, 0, "list", "zz", "-o", "json")
-	if r.stdout != `{"prefix":"zz","leases":[]}`+"\n" {
+	if r.stdout != "{}\n" { // the API's ListResponse leaves an empty list out
 		t.Errorf("empty list: %q", r.stdout)
 	}
 	r = s.want(t, 0, "list")
@@ -488,7 +570,7 @@ func TestExecEnvironment(t *testing.T) {
 		t.Errorf("FENCE_LEASE_ID is %q; the command must not get the lease ID", f[3])
 	}
 	var during getOutput
-	if err := json.Unmarshal([]byte(lines[1]), &during); err != nil {
+	if err := decodeJSON([]byte(lines[1]), &during); err != nil {
 		t.Fatal(err)
 	}
 	if !during.Held || during.Token != tok.Value || during.Holder != "e" {

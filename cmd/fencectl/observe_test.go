@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/client"
 	"github.com/fence-dev/fence/guard"
 	"github.com/fence-dev/fence/guard/guardreport"
@@ -43,7 +44,7 @@ func TestObservability(t *testing.T) {
 	var alice leaseOutput
 	s.wantJSON(t, 0, &alice, "acquire", "orders", "--holder", "alice", "--ttl", "30s")
 	w := s.watch(t, "orders", "--held", "-o", "json", "--count", "6")
-	if e := w.event(t); e.Kind != "held" || e.Token != t1 {
+	if e := w.event(t); e.Kind != fencev1.EventKind_EVENT_KIND_HELD || e.Token != t1 {
 		t.Fatalf("first line = %+v, want orders held with token %d", e, t1)
 	}
 
@@ -87,17 +88,17 @@ func TestObservability(t *testing.T) {
 
 	// The watch stream.
 	for i, want := range []struct {
-		kind    string
+		kind    fencev1.EventKind
 		token   uint64
 		holder  string
 		current uint64
 		closing uint64
 	}{
-		{"released", t1, "alice", 0, t1 + 1},
-		{"granted", t2, "bob", 0, 0},
-		{"expired", t2, "bob", 0, t2 + 1},
-		{"granted", t3, "carol", 0, 0},
-		{"rejected", t2, "bob", t3, 0}, // reported by the guard
+		{fencev1.EventKind_EVENT_KIND_RELEASED, t1, "alice", 0, t1 + 1},
+		{fencev1.EventKind_EVENT_KIND_GRANTED, t2, "bob", 0, 0},
+		{fencev1.EventKind_EVENT_KIND_EXPIRED, t2, "bob", 0, t2 + 1},
+		{fencev1.EventKind_EVENT_KIND_GRANTED, t3, "carol", 0, 0},
+		{fencev1.EventKind_EVENT_KIND_REJECTED, t2, "bob", t3, 0}, // reported by the guard
 	} {
 		e := w.event(t)
 		if e.Kind != want.kind || e.Scope != "orders" || e.Token != want.token || e.Holder != want.holder || e.CurrentToken != want.current || e.ClosingToken != want.closing {

@@ -7,16 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
-
-// releaseJSON is release's -o json output.
-type releaseJSON struct {
-	Scope     string `json:"scope"`
-	Released  bool   `json:"released"`
-	Token     uint64 `json:"token,omitempty"` // 0 if a retried release cannot tell
-	TokenText string `json:"token_text,omitempty"`
-	LeaseID   string `json:"lease_id"`
-}
 
 func (a *app) newReleaseCmd() *cobra.Command {
 	var lease string
@@ -27,7 +19,10 @@ func (a *app) newReleaseCmd() *cobra.Command {
 stays: the next grant gets a greater token.
 
 A lease ID that is not the current lease of SCOPE fails with exit status 1
-and changes nothing.`,
+and changes nothing.
+
+With -o json it prints the API's ReleaseResponse: {"scope", "token"}, the
+token of the lease released (left out if a retried release cannot tell).`,
 		Example: `  fencectl release orders --lease 9f86d081884c7d659a2feaa0c55ad015`,
 		Args:    exactArgs("SCOPE"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
@@ -45,16 +40,12 @@ and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			out := releaseJSON{Scope: scope, Released: true, Token: tok, LeaseID: id.String()}
-			if tok != 0 {
-				out.TokenText = fence.Token{Scope: scope, Value: tok}.String()
-			}
-			return a.emit(out, func(w io.Writer) {
+			return a.emit(&fencev1.ReleaseResponse{Scope: scope, Token: tok}, func(w io.Writer) {
 				if tok == 0 {
 					fmt.Fprintf(w, "released %s lease %s\n", scope, id)
 					return
 				}
-				fmt.Fprintf(w, "released %s token %d (%s) lease %s\n", scope, tok, out.TokenText, id)
+				fmt.Fprintf(w, "released %s token %d (%s) lease %s\n", scope, tok, fence.Token{Scope: scope, Value: tok}, id)
 			})
 		}),
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
 
 // scopeAndLease validates a scope and a --lease flag locally.
@@ -54,7 +55,7 @@ a new lease to continue.`,
 			if l.ID.IsZero() {
 				l.ID = id
 			}
-			return a.emit(leaseOut(l), func(w io.Writer) {
+			return a.emit(&fencev1.RenewResponse{Lease: leaseOut(l)}, func(w io.Writer) {
 				fmt.Fprintf(w, "renewed %s, %s left\n", leaseText(l), dur(l.ExpiresIn))
 			})
 		}),

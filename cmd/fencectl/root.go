@@ -42,18 +42,24 @@ release a lease; the token proves recency.
 Output:
   -o text (the default) is for people.
   -o json prints exactly one JSON object on stdout, on one line, for scripts.
-  A lease has the fields scope, token, token_text, lease_id (acquire and
-  renew only: the service tells it only to the holder), holder, ttl_ms and
-  expires_in_ms. get adds held, last_token and waiters; list prints
-  {"prefix": PREFIX, "leases": [LEASE, ...]}; cluster status prints
-  {"leader": ID, "node_id": ID, "term": N, "nodes": [NODE, ...]} with
-  a node's id, api_addr, raft_addr, state and voter. watch prints one
-  object per event, one per line, as events come. A failure prints
-    {"error": MESSAGE, "code": CODE, "exit_status": N}
+  It is the API's shape: what the API answers for the same call, in
+  protobuf's JSON mapping, as curl gets it: names in lowerCamelCase
+  (leaseId, lastToken), 64-bit integers such as token as strings of digits,
+  durations as seconds ("10s", "9.998s"), enums by name, fields at their
+  zero value left out. acquire and renew print {"lease": LEASE}, with a
+  LEASE of scope, token, leaseId (the service tells it only to the holder),
+  holder, ttl, expiresIn and tokenText (grantedAt is not printed); get
+  prints {"scope", "lease" (while held, without leaseId), "lastToken",
+  "waiters"}; list {"leases": [LEASE, ...]}; release {"scope", "token"};
+  cluster status {"nodes": [NODE, ...], "leader", "nodeId", "term",
+  "commitIndex", "appliedIndex"}; watch one WatchEvent per line, as events
+  come. Commands with no API call of their own follow the same rules.
+  A failure prints
+    {"error": MESSAGE, "code": CODE, "exitStatus": N}
   with CODE one of usage, invalid, held, lease_lost, not_holder, unavailable,
   timeout, interrupted, tokens_exhausted, missed_events, unauthenticated,
   permission_denied, unimplemented, error; a held error adds scope,
-  holder, token and expires_in_ms of the lease in the way.
+  holder, token and expiresIn of the lease in the way.
   Errors always also go to stderr as "fencectl: MESSAGE".
   exec never writes to stdout: stdout belongs to its command.
 

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/signing"
 )
 
@@ -18,8 +20,8 @@ import (
 type verifyJSON struct {
 	Valid bool   `json:"valid"`
 	Scope string `json:"scope"`
-	Token uint64 `json:"token"`
-	KeyID string `json:"key_id"`
+	Token uint64 `json:"token,string"` // a 64-bit integer: a string, as protojson writes it
+	KeyID string `json:"keyId"`
 }
 
 func (a *app) newTokenCmd() *cobra.Command {
@@ -100,14 +102,14 @@ key's ID and when it starts to sign.`,
 			if err != nil {
 				return err
 			}
-			out := map[string]string{"key_id": r.KeyID}
+			out := &fencev1.RotateSigningKeyResponse{KeyId: r.KeyID}
 			if !r.SignsFrom.IsZero() { // zero from a service that signs with it at once and does not say
-				out["signs_from"] = r.SignsFrom.UTC().Format(time.RFC3339)
+				out.SignsFrom = timestamppb.New(r.SignsFrom)
 			}
 			return a.emit(out, func(w io.Writer) {
 				if wait := time.Until(r.SignsFrom); wait > 0 {
 					fmt.Fprintf(w, "key %s is published at /keys and signs from %s (in %v); the previous key signs until then\n",
-						r.KeyID, out["signs_from"], wait.Round(time.Second))
+						r.KeyID, r.SignsFrom.UTC().Format(time.RFC3339), wait.Round(time.Second))
 					return
 				}
 				fmt.Fprintf(w, "signing with key %s from now on\n", r.KeyID)

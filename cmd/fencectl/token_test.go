@@ -59,13 +59,13 @@ func TestTokenVerify(t *testing.T) {
 	// rotate-key publishes the new key and says when it starts to sign
 	// (fenced's --key-publish-delay, 5m by default, later); until then new
 	// grants carry the old key, and the old token keeps verifying.
-	var rot map[string]string
+	var rot map[string]string // the API's RotateSigningKeyResponse
 	s.wantJSON(t, 0, &rot, "token", "rotate-key")
-	from, err := time.Parse(time.RFC3339, rot["signs_from"])
-	if rot["key_id"] == "" || rot["key_id"] == tok.KeyID || err != nil || !from.After(time.Now()) {
+	from, err := time.Parse(time.RFC3339, rot["signsFrom"])
+	if rot["keyId"] == "" || rot["keyId"] == tok.KeyID || err != nil || !from.After(time.Now()) {
 		t.Fatalf("rotate-key = %v (%v); want a new key ID that signs later", rot, err)
 	}
-	if b, err := fetchKeysFile(s.addr); err != nil || !strings.Contains(string(b), rot["key_id"]) {
+	if b, err := fetchKeysFile(s.addr); err != nil || !strings.Contains(string(b), rot["keyId"]) {
 		t.Fatalf("/keys after rotate-key: %s, %v; want the new key published", b, err)
 	}
 	if r := s.want(t, 0, "token", "rotate-key", "-o", "text"); !strings.Contains(r.stdout, "published at /keys and signs from") {
@@ -76,7 +76,7 @@ func TestTokenVerify(t *testing.T) {
 	var l2 leaseOutput
 	s.wantJSON(t, 0, &l2, "acquire", "orders", "--holder", "b")
 	if !strings.Contains(l2.TokenText, ":"+tok.KeyID+":") {
-		t.Errorf("while %s waits to sign, token_text %s; want it signed by the old key %s", rot["key_id"], l2.TokenText, tok.KeyID)
+		t.Errorf("while %s waits to sign, token_text %s; want it signed by the old key %s", rot["keyId"], l2.TokenText, tok.KeyID)
 	}
 }
 

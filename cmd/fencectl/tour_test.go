@@ -50,7 +50,7 @@ func TestReadmeTour(t *testing.T) {
 		definesRe     = regexp.MustCompile(`#.*\((LEASE_[A-Z])\)`)
 		placeholderRe = regexp.MustCompile(`\bLEASE_[A-Z]\b`)
 		leaseTextRe   = regexp.MustCompile(` lease ([0-9a-f]{32}) `)
-		leaseJSONRe   = regexp.MustCompile(`"lease_id":"([0-9a-f]{32})"`)
+		leaseJSONRe   = regexp.MustCompile(`"leaseId":"([0-9a-f]{32})"`)
 	)
 	ids := map[string]string{}
 	var last result
@@ -78,7 +78,7 @@ func TestReadmeTour(t *testing.T) {
 		if m := tokenRe.FindStringSubmatch(line); m != nil {
 			n, _ := strconv.ParseUint(m[1], 10, 64)
 			tok := strconv.FormatUint(floor+n, 10)
-			said := regexp.MustCompile(`\btoken ` + tok + `\b|"token":` + tok + `\b`)
+			said := regexp.MustCompile(`\btoken ` + tok + `\b|"token":"` + tok + `"`)
 			if !said.MatchString(last.stdout + last.stderr) {
 				t.Errorf("line %d promises token %s:\n%s\n%v", i+1, tok, line, last)
 			}

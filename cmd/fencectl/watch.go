@@ -6,46 +6,36 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/client"
 )
 
-// eventJSON is one line of watch's -o json output.
-type eventJSON struct {
-	Position     uint64 `json:"position"`
-	Kind         string `json:"kind"`
-	Scope        string `json:"scope"`
-	Token        uint64 `json:"token"`
-	TokenText    string `json:"token_text"`
-	Holder       string `json:"holder,omitempty"`
-	Lease        string `json:"lease,omitempty"` // the lease ID's fingerprint
-	TTLMs        int64  `json:"ttl_ms,omitempty"`
-	Time         string `json:"time,omitempty"`
-	CurrentToken uint64 `json:"current_token,omitempty"`
-	Guard        string `json:"guard,omitempty"`
-	ClosingToken uint64 `json:"closing_token,omitempty"` // released, expired: the token value the end consumed
-}
-
-func eventOut(e client.Event) eventJSON {
-	out := eventJSON{
-		Position:     e.Position,
-		Kind:         string(e.Kind),
-		Scope:        e.Scope,
-		Token:        e.Token,
-		TokenText:    fence.Token{Scope: e.Scope, Value: e.Token}.String(),
-		Holder:       e.Holder,
-		Lease:        e.LeaseFingerprint,
-		TTLMs:        e.TTL.Milliseconds(),
-		CurrentToken: e.Current,
-		Guard:        e.Guard,
-		ClosingToken: e.Closing,
+// eventOut is one line of watch's -o json output: the event as the API's
+// WatchEvent.
+func eventOut(e client.Event) *fencev1.WatchEvent {
+	out := &fencev1.WatchEvent{
+		Position: e.Position,
+		// The API names kind "granted" EVENT_KIND_GRANTED, and so on.
+		Kind:          fencev1.EventKind(fencev1.EventKind_value["EVENT_KIND_"+strings.ToUpper(string(e.Kind))]),
+		Scope:         e.Scope,
+		Token:         e.Token,
+		Holder:        e.Holder,
+		LeaseIdPrefix: e.LeaseFingerprint,
+		CurrentToken:  e.Current,
+		Guard:         e.Guard,
+		ClosingToken:  e.Closing,
+	}
+	if e.TTL != 0 {
+		out.Ttl = durationpb.New(e.TTL)
 	}
 	if !e.Time.IsZero() {
-		out.Time = e.Time.UTC().Format(time.RFC3339Nano)
+		out.Time = timestamppb.New(e.Time)
 	}
 	return out
 }
@@ -110,15 +100,16 @@ keeps the most recent ten thousand events, and a new leader starts afresh:
 when the position is gone, watch fails (code missed_events) and the current
 state must be read again (fencectl list, or watch --held).
 
-With -o json it prints one JSON object per event, one per line:
-{"position", "kind", "scope", "token", "token_text", "holder",
-"lease", "ttl_ms", "time", "current_token", "guard"}. "lease" is the lease
-ID's fingerprint (8 bytes of its SHA-256, in hexadecimal): enough to tell
-leases apart, but it reveals nothing of the ID, which renews and releases
-the lease.`,
+With -o json it prints one JSON object per event, one per line, each the
+API's WatchEvent: {"position", "kind" (EVENT_KIND_GRANTED, ...), "scope",
+"token", "holder", "leaseIdPrefix", "ttl", "time", "currentToken",
+"guard", "closingToken"}, fields at their zero value left out.
+"leaseIdPrefix" is the lease ID's fingerprint (8 bytes of its SHA-256, in
+hexadecimal): enough to tell leases apart, but it reveals nothing of the
+ID, which renews and releases the lease.`,
 		Example: `  fencectl watch
   fencectl watch orders/ --held
-  fencectl watch -o json | jq -c 'select(.kind == "expired")'
+  fencectl watch -o json | jq -c 'select(.kind == "EVENT_KIND_EXPIRED")'
   fencectl watch orders/ --from 1099511627790`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {

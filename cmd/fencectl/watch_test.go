@@ -5,29 +5,19 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/fence-dev/fence"
+	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 )
 
-type eventOutput struct {
-	Position     uint64 `json:"position"`
-	Kind         string `json:"kind"`
-	Scope        string `json:"scope"`
-	Token        uint64 `json:"token"`
-	TokenText    string `json:"token_text"`
-	Holder       string `json:"holder"`
-	Lease        string `json:"lease"`
-	TTLMs        int64  `json:"ttl_ms"`
-	Time         string `json:"time"`
-	CurrentToken uint64 `json:"current_token"`
-	Guard        string `json:"guard"`
-	ClosingToken uint64 `json:"closing_token"`
-}
+// eventOutput is a line of watch -o json: the API's WatchEvent.
+type eventOutput = *fencev1.WatchEvent
 
 // watcher is a running "fencectl watch" whose output is read line by line.
 type watcher struct {
@@ -61,10 +51,8 @@ func (w *watcher) line(t *testing.T) string {
 func (w *watcher) event(t *testing.T) eventOutput {
 	t.Helper()
 	line := w.line(t)
-	var e eventOutput
-	dec := json.NewDecoder(strings.NewReader(line))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
+	e := new(fencev1.WatchEvent)
+	if err := protojson.Unmarshal([]byte(line), e); err != nil {
 		t.Fatalf("decode %q: %v", line, err)
 	}
 	return e
@@ -79,17 +67,20 @@ func TestWatch(t *testing.T) {
 	var a leaseOutput
 	s.wantJSON(t, 0, &a, "acquire", "orders/a", "--holder", "alice", "--ttl", "30s")
 	w := s.watch(t, "orders/", "--held", "--count", "4", "-o", "json")
-	if e := w.event(t); e.Kind != "held" || e.Scope != "orders/a" || e.Token != a.Token || e.Holder != "alice" || e.Lease != mustLeaseID(t, a.LeaseID).Fingerprint() {
+	if e := w.event(t); e.Kind != fencev1.EventKind_EVENT_KIND_HELD || e.Scope != "orders/a" || e.Token != a.Token || e.Holder != "alice" || e.LeaseIdPrefix != mustLeaseID(t, a.LeaseID).Fingerprint() {
 		t.Fatalf("first line = %+v, want orders/a held by alice", e)
 	}
 	s.want(t, 0, "release", "orders/a", "--lease", a.LeaseID)
 	var b leaseOutput
 	s.wantJSON(t, 0, &b, "acquire", "orders/b", "--holder", "bob", "--ttl", "100ms")
 	var last uint64
-	for i, want := range []struct{ kind, scope string }{{"released", "orders/a"}, {"granted", "orders/b"}, {"expired", "orders/b"}} {
+	for i, want := range []struct {
+		kind  fencev1.EventKind
+		scope string
+	}{{fencev1.EventKind_EVENT_KIND_RELEASED, "orders/a"}, {fencev1.EventKind_EVENT_KIND_GRANTED, "orders/b"}, {fencev1.EventKind_EVENT_KIND_EXPIRED, "orders/b"}} {
 		e := w.event(t)
 		token := floor + 1 // each scope's first grant
-		if e.Kind != want.kind || e.Scope != want.scope || e.Token != token || e.TokenText != fmt.Sprintf("fence:v1:%s:%d", want.scope, token) || e.Position <= last || e.Time == "" {
+		if e.Kind != want.kind || e.Scope != want.scope || e.Token != token || e.Position <= last || e.Time == nil {
 			t.Fatalf("line %d = %+v, want %s %s with token %d", i+2, e, want.scope, want.kind, token)
 		}
 		last = e.Position

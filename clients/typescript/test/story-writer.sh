@@ -43,8 +43,9 @@ fi
 acquire() {
 	local out
 	out=$("$FENCECTL" acquire "$S" --holder psql-writer --ttl "$STORY_TTL" --wait --timeout 60s -o json) || return
-	# {"scope":...,"token":N,...}: the token as a JSON number.
-	sed -n 's/.*"token":\([0-9][0-9]*\).*/\1/p' <<<"$out"
+	# {"lease":{"scope":...,"token":"N",...}}: the API's AcquireResponse,
+	# the token a JSON string of digits.
+	sed -n 's/.*"token":"\([0-9][0-9]*\)".*/\1/p' <<<"$out"
 }
 
 # write TOKEN VALUE: the fenced writes, exit status as above.
