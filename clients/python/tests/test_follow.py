@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 
 from support import Fenced, Proxy, install_guard, needs, until
 
@@ -189,6 +190,24 @@ class TestWatch(unittest.TestCase):
         release(F, p + "a", toks["a"][2])
         self.assertEqual(self.client.get(p + "a").last_token, toks["a"][0] + 1)
         self.assertEqual([x.scope for x in self.client.list(p)], [p + "b", p + "c"])
+
+
+class CountingClient(Client):
+    """CountingClient is a Client that counts the Gets fenced answered."""
+
+    gets = 0
+
+    def get(self, scope, timeout=None):
+        st = super().get(scope, timeout)
+        self.gets += 1
+        return st
+
+
+def remembered(f: Follower) -> int:
+    """remembered is how many scopes f keeps in memory: the leases it knows
+    held, and the marks not yet recorded."""
+    with f._lock:
+        return len(set(f._open) | set(f._pending) | set(f._inflight))
 
 
 class Marks:
@@ -388,6 +407,57 @@ class TestFollower(unittest.TestCase):
         self.assertTrue(f.stopped.is_set())
         self.assertFalse(any(t.is_alive() for t in f._threads), "stop() left a thread running")
         self.assertIsNone(f.error)
+
+    def test_forgets_each_short_lived_scope_once_closed_and_resyncs_without_reading_them(self):
+        """A long-lived follower over many short-lived scopes (one per job)
+        remembers the leases held, not every scope it saw; across a restart
+        of fenced its resync Gets at most the leases it knew held, not every
+        scope it saw or the store has a mark for, and still closes the one
+        that ended meanwhile."""
+        g = Fenced().start()
+        self.addCleanup(g.stop)
+        proxy = Proxy(g.url[len("http://"):])
+        self.addCleanup(proxy.close)
+        c = CountingClient(proxy.url, holder="py-follower", retry_timeout=1)  # the follower's, through the proxy
+        self.addCleanup(c.close)
+        p = f"py/jobs/{RUN}/"
+        self.addCleanup(lambda: [self.m.r.delete(k) for k in self.m.r.scan_iter(match=fence.mark_key(p + "*"))])
+        f = self.follow(c, fence.RedisMarks(self.m.r), p)
+
+        # Three leases stay held; 2,000 jobs each take a scope of their own
+        # and release it, 8 at a time.
+        held, jobs = 3, 2000
+        kept = [grant(g, f"{p}held-{i}") for i in range(held)]
+        tokens = {}
+
+        def job(i: int) -> None:
+            token, _, lease_id = grant(g, f"{p}{i}")
+            tokens[i] = token
+            release(g, f"{p}{i}", lease_id)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(job, range(jobs)))
+        until("every job's closing recorded",
+              lambda: all(self.m.redis(f"{p}{i}") == t + 1 for i, t in tokens.items()), timeout=60)
+        self.assertTrue(f.wait_caught_up(20))
+        until(f"the follower to remember the {held} held leases only, not 2,000 closed scopes", lambda: remembered(f) == held)
+
+        # Cut off across a restart: the new term's leader has none of the
+        # old one's events. A held lease is released meanwhile.
+        proxy.cut()
+        g.restart()
+        release(g, f"{p}held-0", kept[0][2])
+        closing = Client(g.url).get(f"{p}held-0").last_token
+        c.gets = 0
+        proxy.mend()
+        until("the released lease's closing, read from the state", lambda: self.m.redis(f"{p}held-0") == closing, timeout=40)
+        self.assertTrue(f.wait_caught_up(20))
+        self.assertGreaterEqual(f.resyncs, 1)
+        # Each read of the state (a failed one too) Gets the leases it knew
+        # held, at most: not the 2,000 scopes of the jobs.
+        self.assertLessEqual(c.gets, held * f.resyncs,
+                             "Gets in the resyncs: want at most the leases known held, not one per scope ever seen")
+        until(f"the follower to remember the {held - 1} leases still held", lambda: remembered(f) == held - 1)
 
     def test_a_bad_prefix_or_a_closed_client_stops_it(self):
         f = Follower(self.client, fence.RedisMarks(self.m.r), "bad:prefix").start()

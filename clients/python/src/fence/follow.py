@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
 
 from .errors import FenceError, InvalidError, MissedEventsError
 from .token import MAX_TOKEN
@@ -47,9 +47,8 @@ class MarkStore:
     one step), and returns True if the mark is now token, False if it was
     past it; it raises when the store failed, and is then retried.
     scopes(prefix), optional, lists the scopes under prefix that have a
-    mark: the follower reads their state from the service when it starts
-    and when it could not resume its watch, so that a lease that ended
-    meanwhile is closed there too.
+    mark: the follower reads their state from the service when it starts,
+    so that a lease that ended while no follower ran is closed there too.
     """
 
     def advance(self, scope: str, token: int) -> bool:  # pragma: no cover - documentation
@@ -74,9 +73,15 @@ class Follower:
       resumes from the last position read; when the service no longer
       holds those events (MissedEventsError: a restarted fenced, a new
       leader) it reads the state again: List for the held scopes, Get for
-      the others it has seen or the store has a mark for, and watches from
-      now. It does so at its start too, for the leases that ended while no
-      follower ran.
+      the others whose lease it saw begin and not end (their last token is
+      the closing it missed), and watches from now. At its start it reads
+      the state too, and Gets each scope the store has a mark for, for the
+      leases that ended while no follower ran. A lease granted and ended
+      inside a gap stays open until its scope's next event.
+    - It keeps in memory only the leases it knows held and the marks not
+      yet recorded: a scope is forgotten once its closing is recorded, so
+      a follower over short-lived scopes (one per job) stays as small as
+      the leases held at once, and so does a resync.
     - It stops by itself only for what retrying cannot mend: an invalid
       prefix, missing credentials or permission, its client closed (then
       `error` says so and `stopped` is set).
@@ -100,7 +105,10 @@ class Follower:
         self._wake = threading.Condition(self._lock)
         self._pending: Dict[str, Tuple[int, float]] = {}   # scope → (token, since when) not yet applied
         self._inflight: Dict[str, Tuple[int, float]] = {}  # the mark being applied
-        self._seen: Set[str] = set()                        # every scope an event named, for a resync
+        # scope → the token of the newest lease an event or a read of the
+        # state showed held and no event has shown ended: what a resync Gets.
+        self._open: Dict[str, int] = {}
+        self._listed = False  # the store's scopes were read, at the start
         self._behind = 0.0   # wall clock since the watch broke or the state is being read (0: not)
         self._stop = threading.Event()
         self._watch: Optional["Watch"] = None
@@ -300,36 +308,45 @@ class Follower:
     def _resync(self, counted: bool) -> None:
         """_resync reads the current state of the scopes under the prefix: a
         held scope advances to its lease's token (its last token may be
-        above it, after a token floor), a free one it has seen, or the store
-        has a mark for, to its last token (its closing, from log format 8
-        on)."""
+        above it, after a token floor), a free one whose lease it saw begin
+        and not end, or, the first time, that the store has a mark for, to
+        its last token (its closing, from log format 8 on)."""
         if counted:
             with self._lock:
                 self._resyncs += 1
         now = time.time()
         held = {l.scope: l.token for l in self.client.list(self.prefix)}
         with self._lock:
-            scopes = set(self._seen)
-        if self._read_store_scopes:
+            scopes = set(self._open)
+        listing = self._read_store_scopes and not self._listed
+        if listing:
             try:
                 scopes.update(s for s in self.store.scopes(self.prefix) if s.startswith(self.prefix))
             except Exception as err:
                 raise FenceError(f"follow {self.prefix!r}: listing the store's scopes: {err}") from err
         for scope, token in held.items():
             self._want(scope, token, now)
+            self._track(scope, token, True)
         for scope in sorted(scopes - set(held)):
             if self._stop.is_set():
                 return
             st = self.client.get(scope)
-            self._want(scope, st.lease.token if st.lease is not None else st.last_token, now)
+            token = st.lease.token if st.lease is not None else st.last_token
+            self._want(scope, token, now)
+            self._track(scope, token, st.lease is not None)
+        # Only now: after a failed read the next try reads all again, the
+        # store's scopes too.
+        self._listed = self._listed or listing
 
     def _event(self, e: "Event") -> None:
         if e.kind in ("granted", "held"):
             self._want(e.scope, e.token, e.time)
+            self._track(e.scope, e.token, True)
         elif e.kind in ("released", "expired"):
             # Under a log format before 8 nothing is closed: the token itself
             # still refuses every older one.
             self._want(e.scope, max(e.token, e.closing), e.time)
+            self._track(e.scope, e.token, False)
         elif e.kind == "lost" and e.current:
             self._want(e.scope, e.current, e.time)
 
@@ -341,11 +358,21 @@ class Follower:
         if not at or at > now:
             at = now
         with self._lock:
-            self._seen.add(scope)
             p = self._pending.get(scope)
             if p is None or token > p[0]:
                 self._pending[scope] = (token, p[1] if p is not None else at)  # the oldest wait counts
                 self._wake.notify_all()
+
+    def _track(self, scope: str, token: int, held: bool) -> None:
+        """_track records that the lease with token began (held) or that
+        every lease of scope up to token ended (not held): a scope is read
+        at a resync while a lease it saw begin has not been seen to end."""
+        with self._lock:
+            t = self._open.get(scope)
+            if held and 0 < token <= MAX_TOKEN and token > (t or 0):
+                self._open[scope] = token
+            elif not held and t is not None and t <= token:
+                del self._open[scope]
 
     # The store.
 
