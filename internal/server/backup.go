@@ -15,11 +15,19 @@ import (
 const backupChunk = 256 << 10
 
 // Backup implements fence.v1.ClusterService.Backup. It runs on the leader
-// (followers forward it), so the backup holds every acknowledged grant; it
-// freezes the state, as a Raft snapshot does, and writes it while commands
-// go on being applied.
+// (followers forward it), which first confirms that it still leads, so the
+// backup holds every grant acknowledged before the call; it freezes the
+// state, as a Raft snapshot does, and writes it while commands go on being
+// applied.
 func (c cluster) Backup(ctx context.Context, _ *connect.Request[fencev1.BackupRequest], stream *connect.ServerStream[fencev1.BackupResponse]) error {
 	if err := c.s.checkReady(); err != nil {
+		return wire.ToConnect(err)
+	}
+	// A leader deposed without noticing yet would send a state that lacks
+	// the new leader's grants. ConfirmLeader rather than Get's
+	// VerifyLeader: it also holds for a leader paused with a heartbeat in
+	// flight, and a backup is rare enough to pay for its log entry.
+	if err := c.s.node.ConfirmLeader(ctx); err != nil {
 		return wire.ToConnect(err)
 	}
 	var f *fsm.Frozen

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fence-dev/fence"
 	"github.com/fence-dev/fence/client"
+	"github.com/fence-dev/fence/internal/fsm"
 	"github.com/fence-dev/fence/internal/scrape"
 	"github.com/fence-dev/fence/internal/server"
 	"github.com/fence-dev/fence/internal/version"
@@ -392,5 +394,74 @@ func TestReplaceLeader(t *testing.T) {
 	grant("after n1 came back")
 	if _, err := via.Grant(ctx, "through-n1"); err != nil {
 		t.Errorf("a grant through n1, forwarded: %v", err)
+	}
+}
+
+// TestBackupConfirmsLeadership: a leader that has lost its quorum without
+// noticing yet may have been deposed, and its state may lack the new
+// leader's grants: it sends no backup, though it still counts itself
+// leader. With its quorum, it sends one that holds every grant.
+func TestBackupConfirmsLeadership(t *testing.T) {
+	ctx := testContext(t)
+	n1 := startNode(t, "n1")
+	await(ctx, t, "n1 leads", n1.Ready)
+	var followers []*server.Server
+	for _, id := range []string{"n2", "n3"} {
+		cfg := nodeConfig(id, n1.Addr())
+		// A leader notices that it lost its quorum after half of this (its
+		// leader lease): long enough for the test's calls, short enough
+		// that the leader steps down and closes soon after.
+		cfg.ElectionTimeout = 30 * time.Second
+		f := startNodeConfig(t, cfg)
+		await(ctx, t, id+" follows", func() bool {
+			code, _ := get(t, f.Addr(), "/readyz")
+			return code == http.StatusOK
+		})
+		followers = append(followers, f)
+	}
+	c := newClient(t, followers[0].Addr()+","+followers[1].Addr())
+	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// n1 hands off to a follower.
+	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := n1.Close(closing); err != nil {
+		t.Fatalf("closing n1: %v", err)
+	}
+	await(ctx, t, "a follower leads after n1 closed", func() bool {
+		return followers[0].Ready() || followers[1].Ready()
+	})
+	leader, other := followers[0], followers[1]
+	if !leader.Ready() {
+		leader, other = other, leader
+	}
+	direct := newClient(t, leader.Addr())
+	var b bytes.Buffer
+	if _, err := direct.Backup(ctx, &b); err != nil {
+		t.Fatalf("backup with a quorum: %v", err)
+	}
+	st, err := fsm.RestoreFrom(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := st.Get("orders"); in.Lease == nil || in.Lease.Token != l.Token {
+		t.Fatalf("orders in the backup: %+v; want held with token %d", in, l.Token)
+	}
+
+	if err := other.Close(closing); err != nil {
+		t.Fatalf("closing the other follower: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	b.Reset()
+	if n, err := direct.Backup(short, &b); err == nil || n != 0 {
+		t.Errorf("backup from a leader without a quorum: %d bytes, %v; want none and an error", n, err)
+	} else {
+		t.Log(err)
+	}
+	if !leader.Ready() {
+		t.Fatal("the leader noticed it lost its quorum: the refusal above tested nothing")
 	}
 }
