@@ -122,6 +122,12 @@ bench-scale: ## one fenced node holding 100,000 and 1,000,000 leases: RSS, acqui
 	cd bench && $(GOBUILD) -o bin/peers ./cmd/peers
 	cd bench && ./bin/peers scale -fenced bin/fenced -out results
 
+.PHONY: bench-cluster
+bench-cluster: ## three fenced nodes beside three etcd members: lock cycle, hand-off, renewals, failover after kill -9 of the leader (bench/; ~15 min; BENCH_TIME=2s shortens it)
+	$(GOBUILD) -o bench/bin/fenced ./cmd/fenced
+	cd bench && $(GOBUILD) -o bin/peers ./cmd/peers
+	cd bench && ./bin/peers cluster -fenced bin/fenced -out results
+
 .PHONY: build
 build: ## build fenced, fencectl and fencecheck into bin/
 	$(GOBUILD) -o bin/ ./cmd/...

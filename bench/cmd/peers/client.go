@@ -45,9 +45,16 @@ type clientArgs struct {
 	redisRetry       time.Duration
 	etcdWindow       int
 	addr             addrs
+	// granted, when set (only in the coordinator's own failover load),
+	// is called after each grant of the lock cycle with what tells a new
+	// leader's grants from the old one's: fence's token (a new leader's
+	// are above its wall clock in microseconds when it took office,
+	// docs/design.md "The token floor"), the Raft term etcd answered in.
+	granted func(marker uint64)
 }
 
-// addrs are the servers of one cell; empty for those not started.
+// addrs are the servers of one cell; empty for those not started. A
+// cluster's fence and etcd are every member's address, comma-separated.
 type addrs struct {
 	fence, etcd, redis, resource string
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -12,7 +13,8 @@ import (
 )
 
 // etcdSetup prepares etcd's side of a workload: one clientv3.Client (one
-// gRPC connection) shared by the workers, each worker with its own
+// gRPC connection; to a cluster, given every member, one to each, the
+// calls spread over them) shared by the workers, each worker with its own
 // concurrency.Session (a lease kept alive by the client), as a program
 // would.
 //
@@ -29,7 +31,7 @@ import (
 //     order). The protocol carries one lease per message.
 func etcdSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{a.addr.etcd}, DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
+		Endpoints: strings.Split(a.addr.etcd, ","), DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, nil, err
@@ -55,6 +57,9 @@ func etcdSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 			ops[i] = func(ctx context.Context) error {
 				if err := m.Lock(ctx); err != nil {
 					return err
+				}
+				if a.granted != nil {
+					a.granted(m.Header().RaftTerm)
 				}
 				return m.Unlock(ctx)
 			}

@@ -15,7 +15,9 @@ import (
 )
 
 // fenceSetup prepares fence's side of a workload: one client.Client (one
-// HTTP/2 connection) shared by the workers, as a program would. Every fence
+// HTTP/2 connection; to a cluster, given every node, to one node at a
+// time, which forwards to the leader if it is not one) shared by the
+// workers, as a program would. Every fence
 // system runs the same workload; they differ in fenced's flags
 // (fencedFlags) or, for fence-single, in the renew call. The client
 // coalesces the workers' concurrent Acquire (without wait), Renew and
@@ -71,6 +73,9 @@ func fenceSetup(ctx context.Context, a clientArgs) ([]op, func(), error) {
 				l, err := c.Acquire(ctx, scope, opts...)
 				if err != nil {
 					return err
+				}
+				if a.granted != nil {
+					a.granted(l.Token().Value)
 				}
 				return l.Release(ctx)
 			}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -104,8 +106,16 @@ func printReport(w io.Writer, rep report) {
 	for _, s := range sums {
 		runs = max(runs, s.Runs)
 	}
-	fmt.Fprintf(w, "\nMedians of %d runs of %s per cell; %s cores (%s); disk %s.\n\n",
+	for _, f := range rep.Failovers {
+		runs = max(runs, f.Run)
+	}
+	fmt.Fprintf(w, "\nMedians of %d runs of %s per cell; %s cores (%s); disk %s.\n",
 		runs, rep.Settings["time"], rep.Machine["cores"], rep.Machine["cpu"], rep.Machine["disk"])
+	if n := rep.Settings["nodes"]; n != "" {
+		fmt.Fprintf(w, "Each system a cluster of %s nodes on loopback, clients given every address; election timeout %s and heartbeat a tenth of it on both.\n",
+			n, rep.Settings["election_timeout"])
+	}
+	fmt.Fprintln(w)
 	for _, p := range rep.Probes {
 		fmt.Fprintf(w, "run %d: fdatasync of 4 KiB: %.0f/s, p50 %s\n", p.Run, rate(p.Ops, p.Elapsed), round(p.P50))
 	}
@@ -138,6 +148,8 @@ func printReport(w io.Writer, rep report) {
 		}
 	}
 	printFollowers(w, rep)
+	fails := summariseFailovers(rep.Failovers)
+	printFailovers(w, fails)
 	fmt.Fprintln(w)
 	// fence's variants, each against fence and etcd: for the reader, never a
 	// goal, so not "ratio" lines.
@@ -162,6 +174,68 @@ func printReport(w io.Writer, rep report) {
 			continue
 		}
 		fmt.Fprintf(w, "ratio %s %d %s/%s=%.2f\n", s.Workload, s.Clients, ref.System, s.System, ref.OpsPerSec/s.OpsPerSec)
+	}
+	// Failover compares times: etcd's over fence's, above 1 when fence
+	// recovers faster.
+	f, okf := fails[sysFence]
+	e, oke := fails[sysEtcd]
+	if okf && oke && f.median > 0 {
+		fmt.Fprintf(w, "ratio %s %d %s/%s=%.2f\n", wlFailover, f.clients, sysEtcd, sysFence, float64(e.median)/float64(f.median))
+	}
+}
+
+// failoverSummary is one system's kills over all runs.
+type failoverSummary struct {
+	system                   string
+	clients, kills           int
+	median, fastest, slowest time.Duration
+	elected, rejoined        time.Duration // medians
+	errors                   int64
+}
+
+// summariseFailovers takes each system's median, fastest and slowest kill
+// over all runs.
+func summariseFailovers(fs []failover) map[string]failoverSummary {
+	took, elected, rejoined := map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
+	out := map[string]failoverSummary{}
+	for _, f := range fs {
+		took[f.System] = append(took[f.System], f.Took)
+		elected[f.System] = append(elected[f.System], f.Elected)
+		rejoined[f.System] = append(rejoined[f.System], f.Rejoined)
+		s := out[f.System]
+		s.system, s.clients, s.errors = f.System, f.Clients, s.errors+f.Errors
+		out[f.System] = s
+	}
+	for sys, ts := range took {
+		s := out[sys]
+		s.kills, s.median, s.elected, s.rejoined = len(ts), median(ts), median(elected[sys]), median(rejoined[sys])
+		s.fastest, s.slowest = slices.Min(ts), slices.Max(ts)
+		out[sys] = s
+	}
+	return out
+}
+
+// printFailovers prints the failover table, fence's row first.
+func printFailovers(w io.Writer, fails map[string]failoverSummary) {
+	if len(fails) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nFailover: kill -9 of the leader under the lock cycle; from the kill to the first grant answered by the new leader.")
+	fmt.Fprintln(w, "\n| system | clients | kills | median | fastest | slowest | a new leader agreed on (median) | whole again after the restart (median) | client errors meanwhile |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	notFence := func(sys string) int {
+		if sys == sysFence {
+			return 0
+		}
+		return 1
+	}
+	systems := slices.SortedFunc(maps.Keys(fails), func(a, b string) int {
+		return cmp.Or(cmp.Compare(notFence(a), notFence(b)), strings.Compare(a, b))
+	})
+	for _, sys := range systems {
+		s := fails[sys]
+		fmt.Fprintf(w, "| %s | %d | %d | %s | %s | %s | %s | %s | %d |\n", s.system, s.clients, s.kills,
+			round(s.median), round(s.fastest), round(s.slowest), round(s.elected), round(s.rejoined), s.errors)
 	}
 }
 
@@ -260,9 +334,9 @@ func thousands(x float64) string {
 
 // plotLockCycle draws lock cycles per second against concurrency, one line
 // per system, both axes logarithmic.
-func plotLockCycle(sums []summary, path string) error {
+func plotLockCycle(sums []summary, title, path string) error {
 	p := plot.New()
-	p.Title.Text = "Lock cycle (acquire + release) on distinct keys, medians"
+	p.Title.Text = title
 	p.X.Label.Text = "concurrent clients"
 	p.Y.Label.Text = "cycles per second"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}

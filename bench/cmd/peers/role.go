@@ -25,19 +25,30 @@ const (
 	readyLine    = "ready"
 )
 
-// etcdMain runs a single-node etcd, embedded, with its defaults: fsync on,
-// data in -dir.
+// etcdMain runs an etcd member, embedded, with its defaults: fsync on,
+// data in -dir; by default a single-node etcd, with -initial-cluster a
+// member of that cluster. -election-timeout sets etcd's election timeout
+// and its heartbeat to a tenth of it (etcd's defaults are 1s and 100ms).
 func etcdMain(args []string) error {
 	fs := flag.NewFlagSet(roleEtcd, flag.ContinueOnError)
 	dir := fs.String("dir", "", "data directory")
 	client := fs.String("client", "127.0.0.1:2379", "client address")
 	peer := fs.String("peer", "127.0.0.1:2380", "peer address")
+	name := fs.String("name", "bench", "member name")
+	initial := fs.String("initial-cluster", "", "NAME=PEER-URL of every member, comma-separated (default: this member alone)")
+	election := fs.Duration("election-timeout", 0, "election timeout, heartbeat a tenth of it (default: etcd's)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg := embed.NewConfig()
-	cfg.Name = "bench"
+	cfg.Name = *name
 	cfg.Dir = *dir
+	if *election > 0 {
+		if *election%(10*time.Millisecond) != 0 {
+			return fmt.Errorf("-election-timeout %s: want a whole number of 10ms", *election)
+		}
+		cfg.ElectionMs, cfg.TickMs = uint(election.Milliseconds()), uint(election.Milliseconds()/10)
+	}
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{"stderr"}
 	cu := url.URL{Scheme: "http", Host: *client}
@@ -45,6 +56,9 @@ func etcdMain(args []string) error {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if *initial != "" {
+		cfg.InitialCluster = *initial
+	}
 	if cfg.UnsafeNoFsync {
 		return errors.New("etcd: fsync is off")
 	}

@@ -89,6 +89,20 @@ func allCells() []cell {
 	}
 }
 
+// clusterCells are the cluster subcommand's: fence and etcd, each on
+// three nodes.
+func clusterCells() []cell {
+	both := []string{sysFence, sysEtcd}
+	return []cell{
+		{wlLockCycle, 1, both},
+		{wlLockCycle, 16, both},
+		{wlLockCycle, 64, both},
+		{wlContended, 64, both},
+		{wlRenew, 64, both},
+		{wlFailover, 16, both},
+	}
+}
+
 // config is the coordinator's.
 type config struct {
 	fenced, fencedRev, redisServer, postgres, redis string
@@ -98,6 +112,12 @@ type config struct {
 	maxOps                                          int64
 	only, systems                                   []string
 	deadline                                        time.Duration
+	// cluster runs fence and etcd on three nodes each (clusterCells);
+	// kills is how many times a failover cell kills the leader, and
+	// electionTimeout is both systems' (their heartbeat a tenth of it).
+	cluster         bool
+	kills           int
+	electionTimeout time.Duration
 }
 
 // measurement is one cell's result on one system in one run.
@@ -131,11 +151,18 @@ type report struct {
 	Load         []string          `json:"load"` // /proc/loadavg before each run and at the end
 	Probes       []fsyncProbe      `json:"fsync_probes"`
 	Measurements []measurement     `json:"measurements"`
+	Failovers    []failover        `json:"failovers,omitempty"`
 }
 
-func runMain(args []string) error {
-	var cfg config
-	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
+// runMain runs the comparison on single nodes, or with cluster on
+// three-node clusters (the cluster subcommand).
+func runMain(args []string, cluster bool) error {
+	cfg := config{cluster: cluster}
+	cells, name := allCells(), "peers"
+	if cluster {
+		cells, name = clusterCells(), roleCluster
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.StringVar(&cfg.fenced, "fenced", "bin/fenced", "the fenced binary to measure (go build -o bin/fenced ./cmd/fenced)")
 	fs.StringVar(&cfg.fencedRev, "fenced-rev", "", "the fence commit fenced was built from, for the results (default: git describe of this checkout)")
 	fs.StringVar(&cfg.redisServer, "redis-server", "redis-server", "the redis-server binary")
@@ -156,8 +183,18 @@ func runMain(args []string) error {
 	fs.Int64Var(&cfg.maxOps, "max-ops", 2_000_000, "most operations per cell")
 	fs.DurationVar(&cfg.redisRetry, "redis-retry", 10*time.Millisecond, "mean sleep before retrying a held Redis lock")
 	fs.DurationVar(&cfg.deadline, "deadline", 90*time.Minute, "give up after this long")
-	only := fs.String("only", "", "comma-separated workloads to run: lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis (default all)")
-	systems := fs.String("systems", "", "comma-separated systems to run: fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fence-followed, fenced, plain (default all)")
+	if cluster {
+		fs.IntVar(&cfg.kills, "kills", 3, "kills of the leader in each run's failover cell, for each system")
+		fs.DurationVar(&cfg.electionTimeout, "election-timeout", time.Second,
+			"both systems' election timeout, their heartbeat a tenth of it (etcd's defaults: 1s and 100ms); a whole number of 10ms")
+	}
+	workloads := "lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis"
+	systemNames := "fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fence-followed, fenced, plain"
+	if cluster {
+		workloads, systemNames = "lock-cycle, contended, renew, failover", "fence, etcd"
+	}
+	only := fs.String("only", "", "comma-separated workloads to run: "+workloads+" (default all)")
+	systems := fs.String("systems", "", "comma-separated systems to run: "+systemNames+" (default all)")
 	again := fs.String("report", "", "measure nothing: print the table of this results file again and redraw its plot")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -169,13 +206,18 @@ func runMain(args []string) error {
 	if cfg.duration, err = time.ParseDuration(benchTime); err != nil || cfg.duration <= 0 {
 		return fmt.Errorf("BENCH_TIME %q: want a positive duration such as 10s", benchTime)
 	}
+	if cluster && (cfg.kills < 1 || cfg.electionTimeout <= 0 || cfg.electionTimeout%(10*time.Millisecond) != 0) {
+		return fmt.Errorf("-kills %d, -election-timeout %s: want at least one kill and a positive whole number of 10ms", cfg.kills, cfg.electionTimeout)
+	}
 	cfg.only, cfg.systems = splitList(*only), splitList(*systems)
 	var knownW, knownS []string
-	for _, c := range allCells() {
+	for _, c := range cells {
 		knownW = append(knownW, c.workload)
 		knownS = append(knownS, c.systems...)
 	}
-	knownW = append(knownW, wlGuardedWrite)
+	if !cluster {
+		knownW = append(knownW, wlGuardedWrite)
+	}
 	for _, w := range cfg.only {
 		if !slices.Contains(knownW, w) {
 			return fmt.Errorf("-only: no workload %q", w)
@@ -192,7 +234,9 @@ func runMain(args []string) error {
 	if _, err := os.Stat(cfg.fenced); err != nil {
 		return fmt.Errorf("fenced binary: %w (build it with: go build -o bin/fenced ./cmd/fenced)", err)
 	}
-	if cfg.redisServer, err = exec.LookPath(cfg.redisServer); err != nil {
+	if rs, err := exec.LookPath(cfg.redisServer); err == nil {
+		cfg.redisServer = rs
+	} else if !cluster {
 		return fmt.Errorf("redis-server: %w (make services installs it)", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
@@ -209,6 +253,11 @@ func runMain(args []string) error {
 			"renew_batch": fmt.Sprint(renewBatch), "etcd_window": fmt.Sprint(cfg.etcdWindow),
 		},
 	}
+	if cluster {
+		rep.Settings["nodes"] = fmt.Sprint(clusterSize)
+		rep.Settings["kills"] = fmt.Sprint(cfg.kills)
+		rep.Settings["election_timeout"] = cfg.electionTimeout.String()
+	}
 	disk := diskOf(cfg.data)
 	rep.Machine["disk"] = disk
 	for run := 1; run <= cfg.runs; run++ {
@@ -221,7 +270,7 @@ func runMain(args []string) error {
 		rep.Probes = append(rep.Probes, p)
 		logf("run %d/%d: disk %s: %.0f fdatasyncs/s, p50 %s, %.2f flushes each",
 			run, cfg.runs, disk, rate(p.Ops, p.Elapsed), p.P50, float64(p.Flushes)/float64(max(p.Ops, 1)))
-		for _, c := range allCells() {
+		for _, c := range cells {
 			if len(cfg.only) > 0 && !slices.Contains(cfg.only, c.workload) &&
 				(storeOf(c.workload) == "" || !slices.Contains(cfg.only, wlGuardedWrite)) {
 				continue
@@ -235,6 +284,19 @@ func runMain(args []string) error {
 				}
 				if err := ctx.Err(); err != nil {
 					return fmt.Errorf("deadline of %s passed: %w", cfg.deadline, err)
+				}
+				if c.workload == wlFailover {
+					fs, err := runFailover(ctx, cfg, c, sys)
+					if err != nil {
+						return fmt.Errorf("run %d, %s at %d clients on %s: %w", run, c.workload, c.clients, sys, err)
+					}
+					for _, f := range fs {
+						f.Run = run
+						rep.Failovers = append(rep.Failovers, f)
+						logf("run %d: %-22s %2d clients %-14s kill %d of %s: a new leader agreed on %s after the kill, its first grant %s after; whole again %s after the restart; %d errors%s",
+							run, c.workload, c.clients, sys, f.Kill, f.Leader, round(f.Elected), round(f.Took), round(f.Rejoined), f.Errors, firstNote(f.FirstError))
+					}
+					continue
 				}
 				m, err := runCell(ctx, cfg, disk, c, sys)
 				if err != nil {
@@ -258,7 +320,7 @@ func runMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	jsonPath := filepath.Join(cfg.out, "peers-"+stamp+".json")
+	jsonPath := filepath.Join(cfg.out, name+"-"+stamp+".json")
 	if err := os.WriteFile(jsonPath, b, 0o644); err != nil {
 		return err
 	}
@@ -268,7 +330,11 @@ func runMain(args []string) error {
 // finish draws the plot beside the results file and prints the table.
 func finish(rep report, jsonPath string) error {
 	pngPath := strings.TrimSuffix(jsonPath, ".json") + ".png"
-	if err := plotLockCycle(summarise(rep), pngPath); err != nil {
+	title := "Lock cycle (acquire + release) on distinct keys, medians"
+	if n := rep.Settings["nodes"]; n != "" {
+		title = "Lock cycle on distinct keys, clusters of " + n + " nodes, medians"
+	}
+	if err := plotLockCycle(summarise(rep), title, pngPath); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
 	logf("wrote %s and %s", jsonPath, pngPath)
@@ -299,6 +365,7 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 		return measurement{}, err
 	}
 	var procs []*proc
+	var pids []string // the server processes whose CPU counts
 	defer func() {
 		for _, p := range slices.Backward(procs) {
 			p.stop()
@@ -316,10 +383,21 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}
 	var p, follower *proc
 	var followerStatsPath string
-	switch sys {
-	case sysFence, sysFenceUnsigned, sysFenceBolt, sysFenceSingle:
+	switch {
+	case cfg.cluster:
+		var cl *cluster
+		if cl, err = startCluster(dir, sys, cfg.fenced, cfg.electionTimeout); err != nil {
+			return measurement{}, err
+		}
+		// Stopped all at once, before the directory goes.
+		defer cl.stop()
+		for _, m := range cl.members {
+			pids = append(pids, fmt.Sprint(m.p.cmd.Process.Pid))
+		}
+		a.addr.fence, a.addr.etcd = cl.addrs(), cl.addrs()
+	case sys == sysFence, sys == sysFenceUnsigned, sys == sysFenceBolt, sys == sysFenceSingle:
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", fencedFlags[sys]...)
-	case sysFenceFollowed:
+	case sys == sysFenceFollowed:
 		// The follower is attached before the load starts and stays until
 		// it ends; it is stopped first.
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "", fencedFlags[sys]...)
@@ -329,7 +407,7 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 			follower, err = startFollower(filepath.Dir(followerStatsPath), a.addr.fence, followerStatsPath)
 			p = follower
 		}
-	case sysFenced, sysPlain:
+	case sys == sysFenced, sys == sysPlain:
 		// The workers take their leases from fenced either way, and send
 		// their tokens either way: only the resource's guard differs.
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
@@ -337,11 +415,11 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 			procs = append(procs, p)
 			p, a.addr.resource, err = startResource(sub("resource"), storeOf(c.workload), sys == sysFenced, a.addr.fence, cfg.postgres, cfg.redis)
 		}
-	case sysEtcd:
+	case sys == sysEtcd:
 		p, a.addr.etcd, err = startEtcd(sub("etcd"))
-	case sysRedisAlways:
+	case sys == sysRedisAlways:
 		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), map[string]string{"appendonly": "yes", "appendfsync": "always"})
-	case sysRedisDefault:
+	case sys == sysRedisDefault:
 		p, a.addr.redis, err = startRedis(cfg.redisServer, sub("redis"), nil)
 	}
 	if p != nil {
@@ -352,7 +430,6 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.duration+setupBound+30*time.Second)
 	defer cancel()
-	var pids []string
 	for _, p := range procs {
 		pids = append(pids, fmt.Sprint(p.cmd.Process.Pid))
 	}
@@ -463,6 +540,14 @@ func followerNote(m measurement) string {
 	}
 	return fmt.Sprintf("follower: %d marks, lag at most %s, %d resyncs, CPU %s/op", m.Follower.Advanced, round(m.Follower.MaxLag), m.Follower.Resyncs,
 		round(m.Follower.CPU/time.Duration(max(m.Ops, 1))))
+}
+
+// firstNote is the first error of a failover, if any.
+func firstNote(first string) string {
+	if first == "" {
+		return ""
+	}
+	return ", first: " + first
 }
 
 func errNote(m measurement) string {

@@ -184,12 +184,18 @@ func startEtcd(dir string) (*proc, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	cmd, err := reexec(roleEtcd, "-dir", filepath.Join(dir, "data"), "-client", caddr, "-peer", paddr)
-	if err != nil {
-		return nil, "", err
-	}
-	p, err := start("etcd", cmd, filepath.Join(dir, "etcd.stderr"), true, nil)
+	p, err := startEtcdMember(dir, "-dir", filepath.Join(dir, "data"), "-client", caddr, "-peer", paddr)
 	return p, caddr, err
+}
+
+// startEtcdMember runs etcdMain with args in a process of its own, its
+// log in dir.
+func startEtcdMember(dir string, args ...string) (*proc, error) {
+	cmd, err := reexec(roleEtcd, args...)
+	if err != nil {
+		return nil, err
+	}
+	return start("etcd", cmd, filepath.Join(dir, "etcd.stderr"), true, nil)
 }
 
 // startResource runs the guarded-write resource on store, guarded by
