@@ -15,22 +15,13 @@ import (
 // path: the backup becomes the directory's only snapshot, at index 1 of
 // term 1, with this node as the cluster's only voter, and the log is empty.
 // Raft then starts as it does after a snapshot compacted its log. The
-// backup is read whole and checked (fsm.RestoreFrom) before anything is
-// written. The restored node's tokens need no number from the operator:
-// it takes office above the token floor, its wall clock.
+// backup is read once, into the new snapshot as fsm.RestoreFrom checks it
+// whole, and the snapshot is kept only if the check passes: reading it
+// twice, to check and then to copy, would keep whatever the file held by
+// the second read, unchecked. The restored node's tokens need no number
+// from the operator: it takes office above the token floor, its wall
+// clock.
 func restoreBackup(path string, stable raft.StableStore, snaps raft.SnapshotStore, conf raft.Configuration, trans raft.Transport) error {
-	check := func() error {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = fsm.RestoreFrom(bufio.NewReaderSize(f, 1<<20))
-		return err
-	}
-	if err := check(); err != nil {
-		return fmt.Errorf("raftnode: restore %s: %w", path, err)
-	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("raftnode: restore %s: %w", path, err)
@@ -40,7 +31,9 @@ func restoreBackup(path string, stable raft.StableStore, snaps raft.SnapshotStor
 	if err != nil {
 		return fmt.Errorf("raftnode: restore %s: create snapshot: %w", path, err)
 	}
-	if _, err := io.Copy(sink, f); err != nil {
+	// RestoreFrom reads to the end, checksum included, so the snapshot gets
+	// every byte it checked and no other.
+	if _, err := fsm.RestoreFrom(io.TeeReader(bufio.NewReaderSize(f, 1<<20), sink)); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("raftnode: restore %s: %w", path, err)
 	}
