@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -79,6 +80,9 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			leader, _ := r.Context().Value(leaderKey{}).(string)
+			if cause := context.Cause(r.Context()); cause != nil {
+				err = cause // why forward cancelled it, rather than "context canceled"
+			}
 			err = fmt.Errorf("%w: forwarding to the leader at %s failed: %v", fence.ErrUnavailable, leader, err)
 			// An RPC's caller parses errors in its protocol's own format;
 			// the plain endpoints (/events) get text.
@@ -92,6 +96,12 @@ func (s *Server) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		},
 	}
 }
+
+// Why forward cancels a forwarded request.
+var (
+	errLeaderChanged = errors.New("the leader changed")
+	errStopping      = errors.New("this node is shutting down")
+)
 
 // forwardErrors writes a failed forward's error as the RPC's protocol does.
 var forwardErrors = connect.NewErrorWriter()
@@ -119,13 +129,18 @@ func (s *Server) forward(next http.Handler) http.Handler {
 		}
 		// A leader that is frozen (paused, partitioned) may hold the request
 		// forever; once another leader is known, give up on it and answer
-		// Unavailable so the caller retries there.
-		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), leaderKey{}, addr))
-		defer cancel()
+		// Unavailable so the caller retries there. So too once this node
+		// stops: a waiting acquire or a watch it forwards lasts as long as
+		// the caller lets it, and the graceful shutdown would wait for it
+		// until its deadline; the caller retries at the leader directly.
+		ctx, cancel := context.WithCancelCause(context.WithValue(r.Context(), leaderKey{}, addr))
+		defer cancel(nil)
 		go func() {
 			select {
 			case <-gen:
-				cancel()
+				cancel(errLeaderChanged)
+			case <-s.closing:
+				cancel(errStopping)
 			case <-ctx.Done():
 			}
 		}()

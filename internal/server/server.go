@@ -67,6 +67,7 @@ type Server struct {
 
 	closeOnce sync.Once // Close may be called more than once
 	closeErr  error
+	closing   chan struct{} // closed once the server has left office and begins to shut down
 
 	gmu       sync.Mutex
 	leaderGen chan struct{} // closed when the leader changes
@@ -82,7 +83,7 @@ func Start(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, failed: make(chan error, 1), leaderGen: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, failed: make(chan error, 1), leaderGen: make(chan struct{}), closing: make(chan struct{})}
 	if cfg.AuthFile != "" {
 		a, err := authz.Load(cfg.AuthFile)
 		if err != nil {
@@ -255,9 +256,11 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 func (s *Server) Ready() bool { return s.lessor.Ready() }
 
 // Close hands the leadership to another voter if this node leads (see
-// raftnode.Node.HandOff), stops serving, waits up to the context's
-// deadline for requests in flight, and closes Raft and the stores. Later calls return the first
-// call's result.
+// raftnode.Node.HandOff), ends the calls that wait on it (its waiting
+// acquires and watches, and the calls it forwards: their callers retry at
+// the leader), stops serving, waits up to the context's deadline for
+// requests in flight, and closes Raft and the stores. Later calls return
+// the first call's result.
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
 	return s.closeErr
@@ -274,8 +277,9 @@ func (s *Server) close(ctx context.Context) error {
 	case handed:
 		s.log.Info("handed the leadership to another voter before stopping")
 	}
-	s.lessor.Stop()
+	s.lessor.Stop()  // answers every waiting acquire "leader changed"
 	s.events.Close() // ends watches, which Shutdown would wait for
+	close(s.closing) // ends forwarded calls, which Shutdown would wait for
 	err := s.http.Shutdown(ctx)
 	if err != nil {
 		s.http.Close()
