@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -57,7 +58,9 @@ so Go and other writers of a scope share one mark.
                                           fence_advance(scope, token, seq) and
                                           fence_row_token() (a trigger function),
                                           in the schema search_path names first:
-                                          give it one of its own and call
+                                          give it one of its own (CREATE SCHEMA
+                                          fence, then ?options=-csearch_path%3Dfence
+                                          in the URL) and call
                                           SCHEMA.fence_advance with bigint
                                           arguments (docs/protocol.md)
   mysql://USER:PASSWORD@HOST:PORT/DB      the table fence_tokens and the
@@ -92,7 +95,7 @@ redis-cli -x FUNCTION LOAD REPLACE, and connects to nothing.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), installTimeout)
 			defer cancel()
 			if err := t.install(ctx); err != nil {
-				return redactedError{fmt.Errorf("install the guard in %s: %w", redactURL(t.url), err), secrets(t.url)}
+				return hintedError{redactedError{fmt.Errorf("install the guard in %s: %w", redactURL(t.url), err), secrets(t.url)}, installHint(err)}
 			}
 			out := guardInstallJSON{URL: redactURL(t.url), Kind: t.kind, Installed: t.installed}
 			return a.emit(out, func(w io.Writer) {
@@ -234,6 +237,17 @@ func (e redactedError) Error() string {
 
 func (e redactedError) Unwrap() error { return e.err }
 
+// hintedError is an error followed by fencectl's advice about it (or
+// nothing): outside redactedError, as the advice quotes no secret, and a
+// password that is also one of its words ("fence") must not blank it.
+type hintedError struct {
+	err  error
+	hint string
+}
+
+func (e hintedError) Error() string { return e.err.Error() + e.hint }
+func (e hintedError) Unwrap() error { return e.err }
+
 // mysqlDSN turns mysql://USER:PASSWORD@HOST:PORT/DB?PARAMS into the form
 // of github.com/go-sql-driver/mysql, over TCP.
 func mysqlDSN(u *url.URL) (string, error) {
@@ -251,6 +265,20 @@ func mysqlDSN(u *url.URL) (string, error) {
 		return "", err
 	}
 	return cfg.FormatDSN(), nil
+}
+
+// installHint says what to do about an install error whose own text points
+// the wrong way: PostgreSQL's "no schema has been selected to create in"
+// (SQLSTATE 3F000) means that no schema search_path names exists (the
+// role's own was never made, public was dropped or is not on the path),
+// so install has nowhere to put the guard.
+func installHint(err error) string {
+	if pg, ok := errors.AsType[*pgconn.PgError](err); ok && pg.Code == "3F000" {
+		return "; search_path names no schema that exists: create the schema first: CREATE SCHEMA fence;" +
+			" then name it in the URL, as in postgres://USER:PASSWORD@HOST:PORT/DB?options=-csearch_path%3Dfence" +
+			" (another schema: its name instead of fence), or for the role: ALTER ROLE USER SET search_path = fence"
+	}
+	return ""
 }
 
 func installSQL(ctx context.Context, driver, dsn string, d sqlguard.Dialect) error {

@@ -66,6 +66,51 @@ func TestGuardInstallErrors(t *testing.T) {
 	}
 }
 
+// TestGuardInstallNoSchema: in a PostgreSQL database where search_path
+// names no schema that exists, install says what to do (create the schema,
+// name it in the URL's search_path) instead of only PostgreSQL's "no
+// schema has been selected to create in", and installs once the user does
+// as told.
+func TestGuardInstallNoSchema(t *testing.T) {
+	name := fmt.Sprintf("fencectl_noschema_%08x", rand.Uint32())
+	dsn := needServer(t, "FENCE_TEST_POSTGRES", "postgres://fence:fence@127.0.0.1:54329/fence?sslmode=disable", pingSQL("pgx"))
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", "-csearch_path="+name) // a schema that does not exist yet
+	u.RawQuery = q.Encode()
+
+	code, _, stderr := ctl("guard", "install", u.String())
+	if code != exitError {
+		t.Fatalf("install with no usable schema: status %d, want %d: %s", code, exitError, stderr)
+	}
+	for _, want := range []string{"SQLSTATE 3F000", "create the schema first: CREATE SCHEMA fence", "?options=-csearch_path%3Dfence", "ALTER ROLE"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("install with no usable schema: stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "fence:fence@") {
+		t.Errorf("stderr shows the password: %s", stderr)
+	}
+
+	// As told: create the schema; the URL already names it.
+	admin, _ := sql.Open("pgx", dsn)
+	t.Cleanup(func() { admin.Close() })
+	if _, err := admin.Exec("CREATE SCHEMA " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("DROP SCHEMA " + name + " CASCADE") })
+	if code, _, stderr := ctl("guard", "install", u.String()); code != exitOK {
+		t.Fatalf("install after CREATE SCHEMA: status %d: %s", code, stderr)
+	}
+	var n int
+	if err := admin.QueryRow("SELECT count(*) FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace WHERE s.nspname = $1 AND p.proname = 'fence_advance'", name).Scan(&n); err != nil || n != 1 {
+		t.Errorf("fence_advance in schema %s: %d, %v; want 1", name, n, err)
+	}
+}
+
 // needServer returns the test server named by the environment variable
 // (default def), or skips the test: always under -short (make test-short
 // runs no servers), and when the server is missing, except in CI, where a
