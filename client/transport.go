@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -69,7 +70,38 @@ func transports(tlsConf *tls.Config) (own, shared *http.Client) {
 	// seconds, so a watch reconnects and a call fails over instead of
 	// hanging.
 	t2.HTTP2 = &http.HTTP2Config{SendPingTimeout: 2 * time.Second, PingTimeout: 2 * time.Second}
-	return &http.Client{Transport: t1}, &http.Client{Transport: t2}
+	return &http.Client{Transport: oneWrite{t1}}, &http.Client{Transport: t2}
+}
+
+// maxOneWrite bounds the request bodies oneWrite copies.
+const maxOneWrite = 64 << 10
+
+// oneWrite sends a call's request, headers and body, in one write to its
+// connection of its own. net/http's Transport flushes the headers on their
+// own before a body it does not know to be in memory, and connect's body
+// of a unary call is a type of its own: each call cost a second system
+// call here and a second wake-up on the node, whose handler found the
+// headers without the body and waited for it. A body of a known length up
+// to maxOneWrite is copied into a bytes.Reader, a type the Transport knows
+// and sends with the headers.
+type oneWrite struct{ *http.Transport }
+
+func (t oneWrite) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.Body == http.NoBody || req.ContentLength <= 0 || req.ContentLength > maxOneWrite {
+		return t.Transport.RoundTrip(req)
+	}
+	b := make([]byte, req.ContentLength)
+	_, err := io.ReadFull(req.Body, b)
+	req.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("read the request's body: %w", err)
+	}
+	// A shallow copy, as the Transport makes of a request it changes:
+	// RoundTrip must not change the caller's.
+	r := *req
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	return t.Transport.RoundTrip(&r)
 }
 
 // ownConns counts the calls under way on one node's connections of their
