@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // electionStarted is what raft warns when a follower stops hearing from a
@@ -14,6 +15,18 @@ import (
 // start, and elects itself after one heartbeat timeout: there the message
 // is the start going as it should, not a fault.
 const electionStarted = "heartbeat timeout reached, starting election"
+
+// logNotFound is what raft logs as an error when an entry it reads is not
+// in the log store. A leader replicating to a follower that lacks entries
+// the leader has compacted into a snapshot (a node just added, or every
+// follower of a cluster restored from a backup, whose log starts after the
+// snapshot) reads them, gets raft.ErrLogNotFound, and sends the snapshot
+// instead (replication.go: setupAppendEntries, then SEND_SNAP): the normal
+// way a new member catches up, not a fault. raft's other readers that log
+// this message (NewRaft, processLogs) panic right after with the same
+// error, which the panic shows; so the message with exactly that error is
+// logged at debug.
+const logNotFound = "failed to get log"
 
 // newRaftLogger returns the hclog.Logger that raft writes to. It passes
 // raft's messages to l, at the level raft gave them, with their key-value
@@ -41,7 +54,7 @@ func (s slogSink) Accept(name string, level hclog.Level, msg string, args ...any
 	if !ok {
 		return
 	}
-	if s.single && msg == electionStarted {
+	if (s.single && msg == electionStarted) || (msg == logNotFound && hasArg(args, "error", raft.ErrLogNotFound)) {
 		lv = slog.LevelDebug
 	}
 	ctx := context.Background()
@@ -58,6 +71,17 @@ func (s slogSink) Accept(name string, level hclog.Level, msg string, args ...any
 		}
 	}
 	s.l.Log(ctx, lv, msg, append(args, "component", name)...)
+}
+
+// hasArg reports whether the key-value pairs args hold key with value v
+// (compared with ==, as raft compares its sentinel errors).
+func hasArg(args []any, key string, v any) bool {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, ok := args[i].(string); ok && k == key && args[i+1] == v {
+			return true
+		}
+	}
+	return false
 }
 
 // slogLevel maps raft's levels to slog's. Raft's info messages (state

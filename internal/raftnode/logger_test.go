@@ -2,12 +2,14 @@ package raftnode
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // TestSingleNodeStartsQuietly opens a node that is a cluster of one and
@@ -76,5 +78,33 @@ func TestRaftLogLevels(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("single=%v %v %q: logged %q, want %q", tc.single, tc.level, tc.msg, got, want)
 		}
+	}
+}
+
+// TestLogNotFoundIsDebug: raft's "failed to get log" with
+// raft.ErrLogNotFound, which a leader logs before it sends a follower the
+// snapshot instead (every join of a cluster restored from a backup), is
+// debug; the same message with any other error stays an error.
+func TestLogNotFoundIsDebug(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{raft.ErrLogNotFound, `level=DEBUG msg="failed to get log" index=1 error="log not found" component=raft`},
+		{errors.New("log not found"), `level=ERROR msg="failed to get log" index=1 error="log not found" component=raft`},
+		{errors.New("checksum mismatch"), `level=ERROR msg="failed to get log" index=1 error="checksum mismatch" component=raft`},
+	} {
+		var buf bytes.Buffer
+		l := newRaftLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), false)
+		l.Error("failed to get log", "index", 1, "error", tc.err)
+		if got := buf.String(); !strings.Contains(got, tc.want) {
+			t.Errorf("raft logged failed to get log with %#v: %q, want %q", tc.err, got, tc.want)
+		}
+	}
+	// Another message with that error keeps its level.
+	var buf bytes.Buffer
+	newRaftLogger(slog.New(slog.NewTextHandler(&buf, nil)), false).Error("failed to appendEntries to", "error", raft.ErrLogNotFound)
+	if !strings.Contains(buf.String(), "level=ERROR") {
+		t.Errorf("another message with raft.ErrLogNotFound: %q, want an error", buf.String())
 	}
 }
