@@ -19,8 +19,9 @@ const RingSize = 10_000
 // leaves room for the delays in between and records each of their
 // renewals; a holder that renews more often, or names its lease many times
 // in one batch, records at most four a TTL and cannot push the grants and
-// closings of others out of the ring. Renewals are counted in the metrics
-// all the same.
+// closings of others out of the ring. A lease is lost for good, so its
+// renewals answered lost record one loss while it is retained. Both are
+// counted in the metrics all the same.
 const renewalSpacing = 4
 
 // termShift places the leader's term in a position's high bits, so that
@@ -31,8 +32,9 @@ const termShift = 40
 // Ring holds the recent lease events recorded by this node as the
 // serving leader, each with a position: term<<40 | sequence within the
 // term. Readers follow it with a cursor and wait on a channel that is
-// closed at every append. A renewal is left out when the same lease
-// recorded one lately (see renewalSpacing). It is safe for concurrent use.
+// closed at every append. A renewal or a loss is left out when the same
+// lease recorded one lately (see renewalSpacing). It is safe for
+// concurrent use.
 type Ring struct {
 	mu      sync.Mutex
 	buf     []Event // circular; buf[(first-base)%len] is the oldest
@@ -41,19 +43,26 @@ type Ring struct {
 	next    uint64        // position of the next event
 	changed chan struct{} // closed and replaced at every append
 	closed  bool
-	// renewed is the position of each scope's newest renewal still
-	// retained: no more entries than the ring has events.
-	renewed map[string]uint64
+	// repeats is the position of each lease's newest renewal and newest
+	// loss still retained: no more entries than the ring has events.
+	repeats map[repeatKey]uint64
+}
+
+// repeatKey names the events of one kind of one lease.
+type repeatKey struct {
+	kind  Kind
+	scope string
+	lease fence.LeaseID
 }
 
 // NewRing returns an empty ring that retains the last size events.
 func NewRing(size int) *Ring {
-	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), renewed: make(map[string]uint64)}
+	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), repeats: make(map[repeatKey]uint64)}
 }
 
 // Append records e as the next event of term; a new term starts the ring
 // afresh. It returns e with its position, or with position 0 if e is a
-// renewal left out (see renewalSpacing).
+// renewal or a loss left out (see renewalSpacing).
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -82,26 +91,26 @@ func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
 }
 
 // appendLocked records e and returns its position, or 0 if it is a
-// renewal left out.
+// renewal or a loss left out.
 func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	if term != r.term || r.next == 0 {
 		r.term = term
 		r.first = term<<termShift | 1
 		r.next = r.first
-		clear(r.renewed)
+		clear(r.repeats)
 	}
-	if e.Kind == Renewed && r.renewedLately(e) {
+	if r.repeated(e) {
 		return 0
 	}
 	e.Position = r.next
 	r.next++
 	slot := &r.buf[e.Position%uint64(len(r.buf))]
-	if slot.Kind == Renewed && r.renewed[slot.Scope] == slot.Position {
-		delete(r.renewed, slot.Scope) // its newest renewal leaves the ring
+	if k := (repeatKey{slot.Kind, slot.Scope, slot.LeaseID}); r.repeats[k] == slot.Position {
+		delete(r.repeats, k) // the newest of its kind and lease leaves the ring
 	}
 	*slot = e
-	if e.Kind == Renewed {
-		r.renewed[e.Scope] = e.Position
+	if e.Kind == Renewed || e.Kind == Lost {
+		r.repeats[repeatKey{e.Kind, e.Scope, e.LeaseID}] = e.Position
 	}
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
@@ -109,15 +118,18 @@ func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	return e.Position
 }
 
-// renewedLately reports whether the lease of the renewal e recorded a
-// renewal less than its TTL/renewalSpacing before e. r.mu is held.
-func (r *Ring) renewedLately(e Event) bool {
-	p, ok := r.renewed[e.Scope]
+// repeated reports whether e is a renewal of a lease that recorded one
+// less than its TTL/renewalSpacing before, or a loss of a lease whose loss
+// is retained. r.mu is held.
+func (r *Ring) repeated(e Event) bool {
+	if e.Kind != Renewed && e.Kind != Lost {
+		return false
+	}
+	p, ok := r.repeats[repeatKey{e.Kind, e.Scope, e.LeaseID}]
 	if !ok {
 		return false
 	}
-	last := &r.buf[p%uint64(len(r.buf))]
-	return last.Token == e.Token && last.LeaseID == e.LeaseID && e.At.Sub(last.At) < e.TTL/renewalSpacing
+	return e.Kind == Lost || e.At.Sub(r.buf[p%uint64(len(r.buf))].At) < e.TTL/renewalSpacing
 }
 
 func (r *Ring) wakeLocked() {

@@ -182,8 +182,8 @@ func TestRingSpacesRenewals(t *testing.T) {
 	for i := range 8 {
 		r.Append(term, Event{Kind: Granted, Scope: fmt.Sprintf("s/%d", i), Token: 1})
 	}
-	if len(r.renewed) != 0 {
-		t.Fatalf("renewals remembered after they all left the ring: %v", r.renewed)
+	if len(r.repeats) != 0 {
+		t.Fatalf("renewals remembered after they all left the ring: %v", r.repeats)
 	}
 	if e := r.Append(term, renewal(2, fence.LeaseID{2}, ttl/renewalSpacing)); e.Position == 0 {
 		t.Fatal("a renewal whose last one left the ring was left out")
@@ -192,7 +192,40 @@ func TestRingSpacesRenewals(t *testing.T) {
 	if e := r.Append(term+1, renewal(2, fence.LeaseID{2}, ttl/renewalSpacing)); e.Position == 0 {
 		t.Fatal("the first renewal of a new term was left out")
 	}
-	if len(r.renewed) != 1 {
-		t.Fatalf("renewals remembered in the new term: %v, want orders alone", r.renewed)
+	if len(r.repeats) != 1 {
+		t.Fatalf("renewals remembered in the new term: %v, want orders alone", r.repeats)
+	}
+}
+
+// TestRingRecordsALossOnce: a lease is lost for good, so its renewals
+// answered lost, however many and however far apart, record one loss while
+// it is retained, even between the losses of another lease of the scope,
+// which records one too; the lease's loss is recorded again once the
+// first has left the ring.
+func TestRingRecordsALossOnce(t *testing.T) {
+	const term = 1
+	r := NewRing(4)
+	at := time.Unix(1_000_000, 0)
+	loss := func(token uint64, after time.Duration) Event {
+		return Event{Kind: Lost, Scope: "orders", Token: token, LeaseID: fence.LeaseID{byte(token)}, TTL: time.Second, At: at.Add(after), Current: 9}
+	}
+	start := r.Position(term)
+	for i := range 1000 {
+		r.Append(term, loss(1, time.Duration(i)*time.Hour))
+		r.Append(term, loss(2, time.Duration(i)*time.Hour))
+	}
+	evs, next, _, err := r.Read(start, "", 10)
+	if err != nil || len(evs) != 2 || evs[0].Token != 1 || evs[1].Token != 2 || next != start+2 {
+		t.Fatalf("after 1000 losses of each of two leases: %+v, next %d, %v; want one loss each", evs, next, err)
+	}
+	for i := range 3 {
+		r.Append(term, Event{Kind: Granted, Scope: fmt.Sprintf("s/%d", i), Token: 1})
+	}
+	// The ring holds the second lease's loss and the three grants.
+	if e := r.Append(term, loss(2, 2000*time.Hour)); e.Position != 0 {
+		t.Fatal("a loss still retained was recorded again")
+	}
+	if e := r.Append(term, loss(1, 2000*time.Hour)); e.Position == 0 {
+		t.Fatal("a loss whose first record left the ring was left out")
 	}
 }

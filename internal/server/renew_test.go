@@ -125,8 +125,9 @@ func TestRenewBatchBadInput(t *testing.T) {
 // TestRenewalsLeaveTheRingToOthers: one holder naming its lease a thousand
 // times in each of eleven RenewBatch calls records a renewal a batch at
 // most, not the 11,000 that pushed every other scope's grants out of the
-// leader's ring of 10,000 events: a watch of another prefix still resumes
-// from a position before them, and finds its grant there.
+// leader's ring of 10,000 events; once the lease is released, eleven such
+// calls answered lost record one loss. A watch of another prefix still
+// resumes from a position before them all, and finds its grant there.
 func TestRenewalsLeaveTheRingToOthers(t *testing.T) {
 	s := startWith(t, func(*Config) {})
 	rpc := fencev1connect.NewLeaseServiceClient(h2cClient(0), "http://"+s.Addr())
@@ -147,17 +148,25 @@ func TestRenewalsLeaveTheRingToOthers(t *testing.T) {
 		batch[i] = &fencev1.RenewRequest{Scope: "orders/a", LeaseId: orders.LeaseId}
 	}
 	const batches = 11
-	for range batches {
-		resp, err := rpc.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: batch}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, r := range resp.Msg.Results {
-			if r.Failure != nil {
-				t.Fatalf("renewal %d: %v; want renewed", i, r.Failure)
+	renew := func(want string) {
+		t.Helper()
+		for range batches {
+			resp, err := rpc.RenewBatch(ctx, connect.NewRequest(&fencev1.RenewBatchRequest{Renewals: batch}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range resp.Msg.Results {
+				if got := r.GetFailure().GetCode(); got != want {
+					t.Fatalf("renewal %d: %v; want failure code %q", i, r, want)
+				}
 			}
 		}
 	}
+	renew("")
+	if _, err := rpc.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{Scope: "orders/a", LeaseId: orders.LeaseId})); err != nil {
+		t.Fatal(err)
+	}
+	renew("failed_precondition") // lost
 	watch := func(prefix string) []*fencev1.WatchEvent {
 		t.Helper()
 		stream, err := rpc.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartPosition: from}))
@@ -173,13 +182,14 @@ func TestRenewalsLeaveTheRingToOthers(t *testing.T) {
 	if evs := watch("billing/"); len(evs) != 1 || evs[0].Kind != fencev1.EventKind_EVENT_KIND_GRANTED || evs[0].Token != billing.Token {
 		t.Errorf("billing/ from before the renewals: %v; want billing/a granted with token %d", evs, billing.Token)
 	}
-	renewals := 0
+	kinds := map[fencev1.EventKind]int{}
 	for _, e := range watch("orders/") {
-		if e.Kind == fencev1.EventKind_EVENT_KIND_RENEWED {
-			renewals++
-		}
+		kinds[e.Kind]++
 	}
-	if renewals < 1 || renewals > batches {
-		t.Errorf("%d renewals of orders/a recorded in %d batches of %d; want 1 to %d", renewals, batches, maxRenewBatch, batches)
+	if n := kinds[fencev1.EventKind_EVENT_KIND_RENEWED]; n < 1 || n > batches {
+		t.Errorf("%d renewals of orders/a recorded in %d batches of %d; want 1 to %d", n, batches, maxRenewBatch, batches)
+	}
+	if n := kinds[fencev1.EventKind_EVENT_KIND_LOST]; n != 1 {
+		t.Errorf("%d losses of orders/a recorded in %d batches of %d renewals answered lost; want 1", n, batches, maxRenewBatch)
 	}
 }
