@@ -23,8 +23,8 @@ TESTPROGRESS := $(GO) run ./scripts/testprogress -trim github.com/fence-dev/fenc
 # test-short leaves out what needs the servers of `make services` (pgxguard,
 # redisguard, sqlguard's postgres and mysql subtests, fencecheck's fault runs
 # on PostgreSQL) and the tests that kill, cut off and restart real fenced
-# processes for minutes. `make test` runs them all. It took 8.5 minutes,
-# one package at a time at the lowest priority on a busy 2-core machine.
+# processes for minutes. `make test` runs them all. How long each takes:
+# README.md, the one place the times are kept.
 SHORT_SKIP_PKGS := /guard/pgxguard$$|/guard/redisguard$$|/guard/sqlguard$$
 SHORT_SKIP := ^(TestCrashRestart|TestRestartGrace|TestCluster.*|TestStorageFaults.*|TestRestoredCopy|TestFencedRunPasses|TestUnfencedRunFindsAnomalies)$$
 
@@ -35,22 +35,19 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: services
-services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on 127.0.0.1 (ports 54329, 33069, 63799); install chromium
+services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on 127.0.0.1 (ports 54329, 33069, 63799); install chromium, Node.js and npm, and Debian's python3 packages the Python tests use
 	./scripts/services.sh
 
 .PHONY: services-stop
 services-stop: ## stop the servers make services started from this checkout (their data stays in .services/)
 	./scripts/services.sh stop
 
-# The whole suite takes about 7 minutes on 2 idle cores with the module
-# cache filled (6m37s of tests on a clean clone), up to 15 on a machine
-# busy with other work, up to 4 of them in lint, checkgenerate and npm ci
-# before the first test; most of the rest goes to cmd/fenced's cluster and kill -9 tests,
-# cmd/fencecheck's fault runs (two of 20 seconds, one of 24 with only
-# the storage faults), cmd/fenced's storage fault tests (about a minute)
-# and the database tests.
+# The whole suite's time (README.md keeps it) goes mostly to cmd/fenced's
+# cluster and kill -9 tests, cmd/fencecheck's fault runs (two of 20
+# seconds, one of 24 with only the storage faults), cmd/fenced's storage
+# fault tests and the database tests, after lint, checkgenerate and npm ci.
 .PHONY: test
-test: services lint checkgenerate test-ts test-py ## lint, check generated code, the whole suite with the race detector (~10 min on 2 idle cores, up to 15 when busy), a line per package
+test: services lint checkgenerate test-ts test-py ## lint, check generated code, the whole suite with the race detector (times: README.md), a line per package
 	set -a && source scripts/services.env && set +a && set -o pipefail && \
 	  { $(GO) test -race -count=1 -timeout 20m -json ./... && \
 	    (cd bench && $(GO) test -race -count=1 -timeout 5m -json ./...); } | $(TESTPROGRESS)
