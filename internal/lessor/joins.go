@@ -32,15 +32,15 @@ const maxPark = 5 * time.Millisecond
 // proposed at once by its own caller, in an entry that takes it and
 // whatever parked before it. Otherwise a parked acquire is proposed
 // once its scope is free (a release or an expiry not carrying it freed it)
-// or it has waited maxPark.
+// or it has waited maxPark. Those rules are parked's, a pure structure;
+// joins holds it under its lock, answers the acquires and wakes the
+// flusher.
 type joins struct {
-	mu       sync.Mutex
-	open     bool               // in office
-	parked   map[string][]*join // by scope, in arrival order
-	inflight map[string]int     // taken into an entry, not yet answered, by scope
-	n        atomic.Int32       // parked
-	kick     chan struct{}      // buffered: a parked scope may be free
-	maxPark  time.Duration      // a test's, else maxPark
+	mu   sync.Mutex
+	open bool          // in office
+	p    parked        // the order they go in
+	n    atomic.Int32  // parked: p.n, read without mu
+	kick chan struct{} // buffered: a parked scope may be free
 }
 
 type join struct {
@@ -55,7 +55,7 @@ type joined struct {
 }
 
 func newJoins() *joins {
-	return &joins{parked: make(map[string][]*join), inflight: make(map[string]int), kick: make(chan struct{}, 1), maxPark: maxPark}
+	return &joins{p: newParked(maxPark), kick: make(chan struct{}, 1)}
 }
 
 // park puts c, a waiting acquire, at the end of its scope's parked joins
@@ -74,7 +74,7 @@ func (js *joins) park(n Node, c fsm.Command, at time.Time) (*join, bool) {
 	if !js.open {
 		return nil, false
 	}
-	first := len(js.parked[c.Scope]) == 0 && js.inflight[c.Scope] == 0
+	first := js.p.first(c.Scope)
 	held := false
 	if first {
 		format := 0
@@ -90,9 +90,10 @@ func (js *joins) park(n Node, c fsm.Command, at time.Time) (*join, bool) {
 		}
 	}
 	j := &join{c: c, at: at, done: make(chan joined, 1)}
-	js.parked[c.Scope] = append(js.parked[c.Scope], j)
+	parked := js.p.add(j)
+	js.n.Store(int32(parked))
 	now := first && !held
-	if js.n.Add(1) == 1 && !now {
+	if parked == 1 && !now {
 		js.wake() // for the flusher to time its maxPark
 	}
 	return j, now
@@ -103,23 +104,11 @@ func (js *joins) park(n Node, c fsm.Command, at time.Time) (*join, bool) {
 func (js *joins) unpark(j *join) bool {
 	js.mu.Lock()
 	defer js.mu.Unlock()
-	list := js.parked[j.c.Scope]
-	for i, p := range list {
-		if p == j {
-			js.drop(j.c.Scope, append(list[:i:i], list[i+1:]...))
-			js.n.Add(-1)
-			return true
-		}
+	if !js.p.remove(j) {
+		return false
 	}
-	return false
-}
-
-func (js *joins) drop(scope string, list []*join) {
-	if len(list) == 0 {
-		delete(js.parked, scope)
-	} else {
-		js.parked[scope] = list
-	}
+	js.n.Store(int32(js.p.n))
+	return true
 }
 
 // take takes up to room parked acquires into an entry about to be
@@ -132,20 +121,8 @@ func (js *joins) take(room int) []*join {
 	}
 	js.mu.Lock()
 	defer js.mu.Unlock()
-	var out []*join
-	for scope, list := range js.parked {
-		if js.inflight[scope] > 0 {
-			continue
-		}
-		k := min(len(list), room-len(out))
-		out = append(out, list[:k]...)
-		js.inflight[scope] += k
-		js.drop(scope, list[k:])
-		if len(out) == room {
-			break
-		}
-	}
-	js.n.Add(-int32(len(out)))
+	out := js.p.take(room)
+	js.n.Store(int32(js.p.n))
 	return out
 }
 
@@ -154,13 +131,7 @@ func (js *joins) take(room int) []*join {
 // them may now go.
 func (js *joins) answer(taken []*join, rs []fsm.Result, err error) {
 	js.mu.Lock()
-	kick := false
-	for _, j := range taken {
-		if js.inflight[j.c.Scope]--; js.inflight[j.c.Scope] <= 0 {
-			delete(js.inflight, j.c.Scope)
-			kick = kick || len(js.parked[j.c.Scope]) > 0
-		}
-	}
+	kick := js.p.answered(taken)
 	js.mu.Unlock()
 	for i, j := range taken {
 		if err != nil {
@@ -192,31 +163,15 @@ func (js *joins) due(n Node, now time.Time) (bool, time.Time) {
 	}
 	js.mu.Lock()
 	defer js.mu.Unlock()
-	var oldest time.Time
-	for scope, list := range js.parked {
-		if js.inflight[scope] > 0 {
-			continue
-		}
-		if at := list[0].at; oldest.IsZero() || at.Before(oldest) {
-			oldest = at
-		}
-	}
-	if oldest.IsZero() {
-		return false, time.Time{}
-	}
-	if !now.Before(oldest.Add(js.maxPark)) {
-		return true, time.Time{}
+	due, next := js.p.due(now)
+	if due || next.IsZero() {
+		return due, next
 	}
 	free := false
 	n.Read(func(st *fsm.State) {
-		for scope := range js.parked {
-			if js.inflight[scope] == 0 && st.Get(scope).Lease == nil {
-				free = true
-				return
-			}
-		}
+		free = js.p.anyFree(func(scope string) bool { return st.Get(scope).Lease == nil })
 	})
-	return free, oldest.Add(js.maxPark)
+	return free, next
 }
 
 // enter opens the joins when the leader takes office.
@@ -232,8 +187,7 @@ func (js *joins) enter() {
 func (js *joins) leave() {
 	js.mu.Lock()
 	js.open = false
-	parked := js.parked
-	js.parked = make(map[string][]*join)
+	parked := js.p.clear()
 	js.n.Store(0)
 	js.mu.Unlock()
 	for scope, list := range parked {

@@ -42,7 +42,7 @@ func parkingLessor(t *testing.T, format int) (*Lessor, *eventRecorder) {
 	l := New(Config{})
 	node := &eventRecorder{recorder: recorder{st: st}, l: l}
 	l.Open(node)
-	l.joins.maxPark = time.Hour
+	l.joins.p.maxPark = time.Hour
 	l.mu.Lock()
 	l.enterLocked()
 	l.mu.Unlock()
@@ -241,7 +241,7 @@ func TestParkedWaiterGoesWhenTheScopeFrees(t *testing.T) {
 	acquire("short", 300*time.Millisecond)
 
 	l.joins.mu.Lock()
-	l.joins.maxPark = time.Hour
+	l.joins.p.maxPark = time.Hour
 	l.joins.mu.Unlock()
 	done := acquireAsync(t, ctx, l, waitingAcquire("short", "b"), 1)
 	if a := await(t, done); a.err != nil || a.r.Outcome != fsm.Granted || a.r.Lease.Holder != "b" {
@@ -249,7 +249,7 @@ func TestParkedWaiterGoesWhenTheScopeFrees(t *testing.T) {
 	}
 
 	l.joins.mu.Lock()
-	l.joins.maxPark = 10 * time.Millisecond
+	l.joins.p.maxPark = 10 * time.Millisecond
 	l.joins.mu.Unlock()
 	go l.Acquire(ctx, waitingAcquire("long", "c"))
 	awaitInLine(t, node, "long", 1)
