@@ -103,11 +103,12 @@ func TestAuthenticate(t *testing.T) {
 		{"forwarded by a node", "/fence.v1.LeaseService/Get", "n1", map[string]string{identityHeader: "svc"}, 200, "svc"},
 		{"forwarded by a stranger", "/fence.v1.LeaseService/Get", "x", map[string]string{identityHeader: "svc"}, 200, "x"},
 		{"a node for itself", "/fence.v1.ClusterService/AddNode", "n1", nil, 200, "n1"},
-		// A follower forwarding a caller it could not identify.
-		{"forwarded by a node for no one", "/fence.v1.ClusterService/RotateSigningKey", "n1", map[string]string{ForwardedHeader: "n2"}, 200, ""},
-		{"forwarded by a node, a bearer token it did not know", "/fence.v1.LeaseService/Get", "n1", map[string]string{ForwardedHeader: "n2", "Authorization": "Bearer nope"}, 200, ""},
+		// A follower forwarding a caller it could not identify: an RPC
+		// without an identity is refused here (Connect unary: 401).
+		{"forwarded by a node for no one", "/fence.v1.ClusterService/RotateSigningKey", "n1", map[string]string{ForwardedHeader: "n2"}, 401, ""},
+		{"forwarded by a node, a bearer token it did not know", "/fence.v1.LeaseService/Get", "n1", map[string]string{ForwardedHeader: "n2", "Authorization": "Bearer nope"}, 401, ""},
 		{"certificate without the rule", "/metrics", "x", nil, 403, ""},
-		{"client certificate naming a node", "/fence.v1.LeaseService/Get", "client:n1", map[string]string{identityHeader: "svc"}, 200, ""},
+		{"client certificate naming a node", "/fence.v1.LeaseService/Get", "client:n1", map[string]string{identityHeader: "svc"}, 401, ""},
 		{"client certificate naming a node, no header", "/metrics", "client:n1", nil, 401, ""},
 	} {
 		for _, conn := range []bool{false, true} {
@@ -117,6 +118,64 @@ func TestAuthenticate(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRPCWithoutIdentityIsRefusedUnread: an RPC without an identity is
+// answered unauthenticated in its own protocol's form, with the message the
+// Interceptor gives, and neither its handler runs nor is a byte of its
+// body read; over HTTP/1 its connection is then closed rather than read on.
+func TestRPCWithoutIdentityIsRefusedUnread(t *testing.T) {
+	a, err := Load(writeAuth(t, `{"rules": []}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := a.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("%s reached the handler", r.URL.Path)
+	}), func(string) bool { return false }, nil)
+	const says = "this service needs credentials: a client certificate or a bearer token"
+	for _, c := range []struct {
+		name, contentType string
+		code              int
+		in                func(w *httptest.ResponseRecorder) string // where the error is
+	}{
+		{"Connect, JSON", "application/json", http.StatusUnauthorized, func(w *httptest.ResponseRecorder) string { return w.Body.String() }},
+		{"Connect, protobuf", "application/proto", http.StatusUnauthorized, func(w *httptest.ResponseRecorder) string { return w.Body.String() }},
+		{"Connect streaming", "application/connect+proto", http.StatusOK, func(w *httptest.ResponseRecorder) string { return w.Body.String() }},
+		{"gRPC", "application/grpc", http.StatusOK, func(w *httptest.ResponseRecorder) string {
+			return w.Header().Get("Grpc-Status") + " " + w.Header().Get("Grpc-Message")
+		}},
+	} {
+		body := &readCounter{}
+		r := httptest.NewRequest(http.MethodPost, fencev1connect.LeaseServiceAcquireBatchProcedure, body)
+		r.Header.Set("Content-Type", c.contentType)
+		r.Header.Set("Authorization", "Bearer unknown")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		got := c.in(w)
+		if c.contentType == "application/grpc" && !strings.HasPrefix(got, "16 ") {
+			t.Errorf("%s: grpc-status and message %q; want 16 (unauthenticated)", c.name, got)
+		}
+		if w.Code != c.code || !strings.Contains(got, says) || c.contentType != "application/grpc" && !strings.Contains(got, `"unauthenticated"`) {
+			t.Errorf("%s: %d %q; want %d, unauthenticated, %q", c.name, w.Code, got, c.code, says)
+		}
+		if body.reads > 0 {
+			t.Errorf("%s: the body was read %d times before the refusal", c.name, body.reads)
+		}
+		if w.Header().Get("Connection") != "close" {
+			t.Errorf("%s: over HTTP/1, Connection %q; want close (net/http would read the body left)", c.name, w.Header().Get("Connection"))
+		}
+	}
+	if err := (authorizer{a}).check(context.Background(), fencev1connect.LeaseServiceGetProcedure, &fencev1.GetRequest{Scope: "a"}); connect.CodeOf(err) != connect.CodeUnauthenticated || !strings.Contains(err.Error(), says) {
+		t.Errorf("the Interceptor without an identity: %v; want unauthenticated, %q", err, says)
+	}
+}
+
+// readCounter is a request body that counts its reads.
+type readCounter struct{ reads int }
+
+func (b *readCounter) Read(p []byte) (int, error) {
+	b.reads++
+	return copy(p, "x"), nil
 }
 
 // TestReportAuthorizesEachScope: a report is authorized rejection by

@@ -112,9 +112,9 @@ const leaderHeader = "Fence-Leader"
 // forward sends a request to the leader when this node is not the serving
 // leader, and serves it here otherwise (including when no leader is known:
 // the handler then answers Unavailable). With auth on, a request without
-// an identity is never forwarded: it is answered here, where the RPCs'
-// interceptor refuses it as the leader would. Forwarded, it would reach
-// the leader over this node's certificate.
+// an identity is never forwarded: it is answered here (an RPC is refused
+// by Authenticate, before this, as the leader would refuse it). Forwarded,
+// it would reach the leader over this node's certificate.
 func (s *Server) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" || s.anonymous(r) {
