@@ -56,7 +56,7 @@ func TestHostileRequests(t *testing.T) {
 			code: "invalid_argument", field: "scope", says: allowedScope, isErr: fence.ErrInvalid},
 		{name: "2 MiB scope", path: fencev1connect.LeaseServiceAcquireProcedure, body: `{"scope":"` + huge + `"}`,
 			proto: &fencev1.AcquireRequest{Scope: huge}, call: acquire(huge),
-			code: "resource_exhausted", says: "is larger than configured max 1048576", notErr: fence.ErrTokensExhausted},
+			code: "resource_exhausted", says: "is larger than configured max 65536", notErr: fence.ErrTokensExhausted},
 		{name: "60 000-byte scope", path: fencev1connect.LeaseServiceAcquireProcedure, body: `{"scope":"` + huge[:60000] + `"}`,
 			proto: &fencev1.AcquireRequest{Scope: huge[:60000]}, call: acquire(huge[:60000]),
 			code: "invalid_argument", field: "scope", says: "60000 bytes long, at most 256 allowed", isErr: fence.ErrInvalid},

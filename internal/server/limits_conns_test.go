@@ -18,9 +18,15 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/fence-dev/fence"
 	fencev1 "github.com/fence-dev/fence/api/fence/v1"
 	"github.com/fence-dev/fence/api/fence/v1/fencev1connect"
+	"github.com/fence-dev/fence/internal/fsm"
 )
 
 // The attackers dial from loopback addresses of their own (Linux routes
@@ -315,7 +321,7 @@ func TestSlowBodies(t *testing.T) {
 // stays 429, a request that may succeed later.
 func TestOversizedBodyIs413(t *testing.T) {
 	s := startWith(t, func(c *Config) { c.MaxLeasesPerIdentity = 1 })
-	huge := `{"scope":"` + strings.Repeat("a", maxRequestBytes) + `"}`
+	huge := `{"scope":"` + strings.Repeat("a", int(requestLimit(fencev1connect.LeaseServiceAcquireProcedure))) + `"}`
 	post := func(client *http.Client, body io.Reader) (int, string) {
 		t.Helper()
 		resp, err := client.Post("http://"+s.Addr()+fencev1connect.LeaseServiceAcquireProcedure, "application/json", body)
@@ -357,32 +363,13 @@ func TestOversizedBodyIs413(t *testing.T) {
 func TestGzipBombIs413(t *testing.T) {
 	s := startWith(t, func(c *Config) { c.MaxLeasesPerIdentity = 1 })
 	const inflated = 16 << 20
-	gz := func(b []byte) []byte {
-		var buf bytes.Buffer
-		w := gzip.NewWriter(&buf)
-		w.Write(b)
-		w.Close()
-		return buf.Bytes()
-	}
 	post := func(body []byte) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest("POST", "http://"+s.Addr()+fencev1connect.LeaseServiceAcquireProcedure, bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Content-Encoding", "gzip")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return postBody(t, s.Addr(), fencev1connect.LeaseServiceAcquireProcedure, "application/json", gzipped(body), "gzip")
 	}
-	bomb := gz(make([]byte, inflated))
-	if len(bomb) > maxRequestBytes {
-		t.Fatalf("the bomb is %d bytes compressed, over the limit itself", len(bomb))
+	bomb := make([]byte, inflated)
+	if n := len(gzipped(bomb)); n > int(requestLimit(fencev1connect.LeaseServiceAcquireProcedure)) {
+		t.Fatalf("the bomb is %d bytes compressed, over the limit itself", n)
 	}
 	code, msg := post(bomb)
 	if code != http.StatusRequestEntityTooLarge || !strings.Contains(msg, `"resource_exhausted"`) || strings.Contains(msg, fmt.Sprint(inflated)) {
@@ -401,7 +388,7 @@ func TestGzipBombIs413(t *testing.T) {
 	}
 
 	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
-		if code, msg := post(gz(fmt.Appendf(nil, `{"scope":"s/%d","holder":"one"}`, i))); code != want {
+		if code, msg := post(fmt.Appendf(nil, `{"scope":"s/%d","holder":"one"}`, i)); code != want {
 			t.Errorf("gzipped acquire %d of a holder allowed 1 lease: %d %.200s; want %d", i+1, code, msg, want)
 		}
 	}
@@ -471,4 +458,110 @@ func TestConnectionsCountedByHost(t *testing.T) {
 			t.Errorf("%s counted as %s, %s as %s; want the same count: %v", tc.a, ka, tc.b, kb, tc.same)
 		}
 	}
+}
+
+// TestBatchLimits: each batch RPC reads, inflates and decodes no more than
+// its largest valid request, its item limit times its largest item, not a
+// limit shared by every RPC. A full batch of the longest items is served,
+// as protobuf and as JSON; a batch of 524,280 empty items (1 MiB of
+// protobuf, 1 KB gzipped), which took 150 ms of CPU and 50 MB to decode
+// before its count was refused, is refused 413 once it passes the limit,
+// gzipped or not, as is a JSON one of 1 MiB.
+func TestBatchLimits(t *testing.T) {
+	s := startWith(t, func(*Config) {})
+	post := func(path, ctype string, body []byte, gzip bool) (int, string) {
+		t.Helper()
+		if gzip {
+			return postBody(t, s.Addr(), path, ctype, gzipped(body), "gzip")
+		}
+		return postBody(t, s.Addr(), path, ctype, body, "")
+	}
+	pad := func(s string, n int) string { return s + strings.Repeat("a", n-len(s)) }
+	acquires, renewals, releases := &fencev1.AcquireBatchRequest{}, &fencev1.RenewBatchRequest{Leases: true}, &fencev1.ReleaseBatchRequest{}
+	report := &fencev1.ReportRejectionsRequest{Guard: pad("g", maxGuardName), Dropped: 1 << 62}
+	for i := range maxBatch {
+		scope := pad(fmt.Sprintf("big/%04d/", i), fence.MaxScopeLen)
+		acquires.Acquires = append(acquires.Acquires, &fencev1.AcquireRequest{Scope: scope, Holder: pad("h", fence.MaxHolderLen),
+			Ttl: durationpb.New(299*time.Second + 999999999), RequestId: pad(fmt.Sprint(i), fsm.MaxRequestIDLen)})
+		renewals.Renewals = append(renewals.Renewals, &fencev1.RenewRequest{Scope: scope, LeaseId: strings.Repeat("f", 32)})
+		releases.Releases = append(releases.Releases, &fencev1.ReleaseRequest{Scope: scope, LeaseId: strings.Repeat("f", 32)})
+		report.Rejections = append(report.Rejections, &fencev1.Rejection{Scope: scope, PresentedToken: fence.MaxToken - 1, HighestToken: fence.MaxToken,
+			Time: timestamppb.New(time.Date(2026, 12, 31, 23, 59, 59, 999999999, time.UTC))})
+	}
+	for path, m := range map[string]proto.Message{
+		fencev1connect.LeaseServiceAcquireBatchProcedure:     acquires,
+		fencev1connect.LeaseServiceRenewBatchProcedure:       renewals,
+		fencev1connect.LeaseServiceReleaseBatchProcedure:     releases,
+		fencev1connect.LeaseServiceReportRejectionsProcedure: report,
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, body := range []struct {
+			ctype string
+			b     []byte
+		}{{"application/proto", b}, {"application/json", j}} {
+			if code, msg := post(path, body.ctype, body.b, false); code != http.StatusOK {
+				t.Errorf("%s, a full batch of the longest items, %d bytes of %s: %d %.300s; want it served", path, len(body.b), body.ctype, code, msg)
+			}
+		}
+		if limit := requestLimit(path); limit >= 1<<20 || limit < int64(len(j)) {
+			t.Errorf("%s: a limit of %d bytes; want its largest request's (%d bytes of JSON), under the 1 MiB every RPC had", path, limit, len(j))
+		}
+	}
+
+	path := fencev1connect.LeaseServiceAcquireBatchProcedure
+	empty, err := proto.Marshal(&fencev1.AcquireBatchRequest{Acquires: make([]*fencev1.AcquireRequest, 524280)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emptyJSON := []byte(`{"acquires":[{}` + strings.Repeat(`,{}`, (1<<20)/3) + `]}`)
+	for _, c := range []struct {
+		name, ctype string
+		body        []byte
+		gzipped     bool
+		says        string
+	}{
+		{"protobuf", "application/proto", empty, false, fmt.Sprintf("is larger than configured max %d", requestLimit(path))},
+		{"gzipped protobuf", "application/proto", empty, true, fmt.Sprintf("inflates beyond the request limit of %d bytes", requestLimit(path))},
+		{"gzipped JSON", "application/json", emptyJSON, true, fmt.Sprintf("inflates beyond the request limit of %d bytes", requestLimit(path))},
+	} {
+		if code, msg := post(path, c.ctype, c.body, c.gzipped); code != http.StatusRequestEntityTooLarge || !strings.Contains(msg, `"resource_exhausted"`) || !strings.Contains(msg, c.says) {
+			t.Errorf("AcquireBatch, %d bytes of %s of empty items: %d %.300s; want 413, resource_exhausted, %q", len(c.body), c.name, code, msg, c.says)
+		}
+	}
+}
+
+// postBody posts body to the path of the server at addr as ctype, in
+// encoding if not "", and returns the answer's status and body.
+func postBody(t *testing.T, addr, path, ctype string, body []byte, encoding string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", ctype)
+	if encoding != "" {
+		req.Header.Set("Content-Encoding", encoding)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func gzipped(b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	w.Write(b)
+	w.Close()
+	return buf.Bytes()
 }

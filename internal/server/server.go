@@ -33,12 +33,6 @@ import (
 	"github.com/fence-dev/fence/internal/status"
 )
 
-// maxRequestBytes bounds an API request body. The largest valid requests, a
-// full AcquireBatch with the longest scopes, holders and request IDs in
-// JSON, are under 600 KiB; a full RenewBatch or ReportRejections under
-// 400 KiB; every other one is under 1 KiB.
-const maxRequestBytes = 1 << 20
-
 // Server is a running fenced. Its methods are safe for concurrent use.
 type Server struct {
 	cfg      Config
@@ -180,8 +174,7 @@ func Start(cfg Config) (*Server, error) {
 
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{
-		connect.WithReadMaxBytes(maxRequestBytes),
-		boundedGzip(maxRequestBytes), // no gzip bombs
+		requestLimits(), // each RPC's largest valid request, inflated too: no gzip bombs
 		// Compressing a 200-byte answer costs more than sending it.
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithInterceptors(s.metrics.interceptor()),
@@ -194,7 +187,7 @@ func Start(cfg Config) (*Server, error) {
 	mux.Handle(fencev1connect.NewClusterServiceHandler(cluster{s}, opts...))
 	s.routes(mux)
 	s.http = &http.Server{
-		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), guardBodies(maxRequestBytes, s.authenticate(s.forward(mux)))),
+		Handler:           cutSlowReaders(cmp.Or(cfg.WriteTimeout, 30*time.Second), guardBodies(requestLimit, s.authenticate(s.forward(mux)))),
 		ConnContext:       authz.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		// The whole request, body included: over HTTP/1 of the connection,
