@@ -287,11 +287,19 @@ func TestClusterAddReplace(t *testing.T) {
 		n := member(st, moved.id)
 		return n.APIAddr == moved.api && n.RaftAddr == moved.raft && n.State == "follower"
 	})
-	// Through the moved node alone, forwarded to the leader.
+	// Through the moved node alone, forwarded to the leader. Its own view
+	// of the members is its copy of the configuration, which applies the
+	// change a moment after the leader's: wait for it, bounded.
 	via := &fenced{addr: moved.api}
-	r = via.want(t, 0, "cluster", "status")
-	if !regexp.MustCompile(`(?m)^` + moved.id + ` +follower +` + regexp.QuoteMeta(moved.api) + ` +` + regexp.QuoteMeta(moved.raft) + ` `).MatchString(r.stdout) {
-		t.Errorf("cluster status through %s:\n%s", moved.id, r.stdout)
+	followsThere := regexp.MustCompile(`(?m)^` + moved.id + ` +follower +` + regexp.QuoteMeta(moved.api) + ` +` + regexp.QuoteMeta(moved.raft) + ` `)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		r = via.want(t, 0, "cluster", "status")
+		if followsThere.MatchString(r.stdout) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster status through %s, after a minute:\n%s", moved.id, r.stdout)
+		}
 	}
 	s = &fenced{addr: moved.api + "," + n1.addr}
 	grant("after the replace")
