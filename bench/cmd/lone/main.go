@@ -15,13 +15,16 @@
 //	lone -fenced bin/fenced -attach 'perf record -g -o /tmp/fenced.perf -p {pid}'
 //	lone -fenced bin/fenced -attach 'strace -f -c -p {pid}'
 //	lone -fenced bin/fenced -cpuprofile /tmp/client.pprof
+//	perf script -i /tmp/fenced.perf | lone -stages server
 //
 // -attach runs a command on fenced ({pid} is its process ID, {self} the
 // client's) for the
 // measured time of the last run, and stops it with SIGINT: perf record
 // shows where fenced's CPU goes, the kernel's share included (perf report
 // -i FILE), strace -c its system calls. -cpuprofile writes the client's
-// CPU profile of the last run.
+// CPU profile of the last run. -stages reads perf script's output (of a
+// perf record -g of fenced, or of this process, -stages client) and
+// prints the share of the samples each part of the path took (stages.go).
 package main
 
 import (
@@ -72,7 +75,17 @@ func run() error {
 	attach := flag.String("attach", "", "a command to run on fenced for the last run's measured time, {pid} its process ID, stopped with SIGINT")
 	cpuprofile := flag.String("cpuprofile", "", "write the client's CPU profile of the last run to this file")
 	extra := flag.String("args", "", "more fenced flags, space-separated")
+	stages := flag.String("stages", "", "measure nothing: read perf script output from stdin and print each stage's share of it, of the server or the client")
 	flag.Parse()
+	switch *stages {
+	case "":
+	case "server":
+		return printStages(os.Stdin, os.Stdout, serverStages)
+	case "client":
+		return printStages(os.Stdin, os.Stdout, clientStages)
+	default:
+		return fmt.Errorf("-stages %q: want server or client", *stages)
+	}
 	bins := strings.Split(*fenced, ",")
 	all := make([][]result, len(bins))
 	for r := range *runs {
