@@ -72,10 +72,12 @@ type ClusterServiceClient interface {
 	// carries it. The previous keys keep verifying for fenced's --key-grace
 	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
-	// Backup streams the leader's lease state, a snapshot of it as it is
-	// when the call arrives: the file `fenced --restore` starts a new
-	// cluster from. It holds every lease ID and signing key, so it needs the
-	// "cluster" permission, and the file is a secret.
+	// Backup streams the leader's lease state, a snapshot of it taken once
+	// a quorum has confirmed, after the call arrived, that this node still
+	// leads (a leader cut off from the others sends none), so it holds every
+	// grant acknowledged before the call: the file `fenced --restore` starts
+	// a new cluster from. It holds every lease ID and signing key, so it
+	// needs the "cluster" permission, and the file is a secret.
 	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.ServerStreamForClient[v1.BackupResponse], error)
 }
 
@@ -181,10 +183,12 @@ type ClusterServiceHandler interface {
 	// carries it. The previous keys keep verifying for fenced's --key-grace
 	// after that, so tokens already handed out stay valid at the guards.
 	RotateSigningKey(context.Context, *connect.Request[v1.RotateSigningKeyRequest]) (*connect.Response[v1.RotateSigningKeyResponse], error)
-	// Backup streams the leader's lease state, a snapshot of it as it is
-	// when the call arrives: the file `fenced --restore` starts a new
-	// cluster from. It holds every lease ID and signing key, so it needs the
-	// "cluster" permission, and the file is a secret.
+	// Backup streams the leader's lease state, a snapshot of it taken once
+	// a quorum has confirmed, after the call arrived, that this node still
+	// leads (a leader cut off from the others sends none), so it holds every
+	// grant acknowledged before the call: the file `fenced --restore` starts
+	// a new cluster from. It holds every lease ID and signing key, so it
+	// needs the "cluster" permission, and the file is a secret.
 	Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error
 }
 
