@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -100,4 +101,100 @@ func headingSlugs(tb testing.TB, path string) map[string]bool {
 		seen[slug]++
 	}
 	return slugs
+}
+
+// TestBenchmarkCitations checks that every code comment citing a section of
+// BENCHMARKS.md by name, without a commit before it, names a heading the
+// page still has: a section cut from the page is cited as it was in the
+// commit that last had it (eda15be:BENCHMARKS.md and the name), so the reader
+// sent to it finds it. A citation with a commit is checked against that
+// commit's page when git can show it (a shallow clone may not have it).
+func TestBenchmarkCitations(t *testing.T) {
+	page, err := os.ReadFile("BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := map[string][]string{"": headingTexts(string(page))}
+	// A citation may break across comment lines: the section's name
+	// follows the file's after whitespace and a comment marker.
+	cite := regexp.MustCompile(`([0-9a-f]{7,40}:)?BENCHMARKS\.md,\s*(?:(?://|#|\*)\s*)?"([^"]+)"`)
+	checked := 0
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".ts", ".py", ".md":
+		default:
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range cite.FindAllStringSubmatch(string(b), -1) {
+			commit := strings.TrimSuffix(m[1], ":")
+			headings, ok := pages[commit]
+			if !ok {
+				out, err := exec.Command("git", "show", commit+":BENCHMARKS.md").Output()
+				if err != nil {
+					t.Logf("%s cites %sBENCHMARKS.md, which git cannot show here: %v", path, m[1], err)
+				}
+				headings = headingTexts(string(out))
+				pages[commit] = headings
+			}
+			if headings == nil {
+				continue
+			}
+			checked++
+			switch {
+			case hasHeading(headings, m[2]):
+			case commit == "":
+				t.Errorf("%s cites BENCHMARKS.md, %q, which has no such heading: cite the commit that has it (eda15be:BENCHMARKS.md, %q) or move the reasoning next to the code", path, m[2], m[2])
+			default:
+				t.Errorf("%s cites %sBENCHMARKS.md, %q: the page at %s has no such heading", path, m[1], m[2], commit)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked == 0 {
+		t.Errorf("found no citation of a BENCHMARKS.md section: the pattern %v no longer matches how comments cite it", cite)
+	}
+}
+
+// headingTexts returns a Markdown page's headings without their #s.
+func headingTexts(page string) []string {
+	var headings []string
+	inCode := false
+	for line := range strings.Lines(page) {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inCode = !inCode
+		}
+		if !inCode && strings.HasPrefix(line, "#") {
+			headings = append(headings, strings.TrimSpace(strings.TrimLeft(line, "#")))
+		}
+	}
+	return headings
+}
+
+// hasHeading reports whether name is one of headings, or one of them
+// followed by the rest of its title (", 2026-12-04", " (ab5bf60)", "; three
+// changes that...").
+func hasHeading(headings []string, name string) bool {
+	for _, h := range headings {
+		rest, ok := strings.CutPrefix(h, name)
+		if ok && (rest == "" || strings.ContainsAny(rest[:1], ",;") || strings.HasPrefix(rest, " (")) {
+			return true
+		}
+	}
+	return false
 }
