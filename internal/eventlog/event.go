@@ -23,8 +23,8 @@ const (
 	Renewed                  // its holder renewed it (off the log); the ring keeps some only
 	Released                 // its holder released it
 	Expired                  // the leader expired it
-	Lost                     // a renewal was answered lost
-	Rejected                 // a guard refused a write with a stale token
+	Lost                     // a renewal was answered lost; the ring keeps one a lease
+	Rejected                 // a guard refused a write with a stale token; the ring keeps some only
 )
 
 var kindNames = [...]string{"", "granted", "renewed", "released", "expired", "lost", "rejected"}

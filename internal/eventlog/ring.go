@@ -24,6 +24,16 @@ const RingSize = 10_000
 // counted in the metrics all the same.
 const renewalSpacing = 4
 
+// rejectionShare bounds the ring's room for stale rejections: a stale
+// token stays stale, so a rejection of the same token on the same scope
+// is recorded once while it is retained, however often guards report it;
+// and since a report is a claim nobody checks, in which a caller allowed
+// to report may name a new token or a new scope every time, the
+// rejections retained take at most a rejectionShare-th of the ring, the
+// rest left out until some leave it. The metrics and the status page's
+// counts (Rejections) take every one all the same.
+const rejectionShare = 10
+
 // termShift places the leader's term in a position's high bits, so that
 // positions keep increasing across leaders: a new leader, in a higher term,
 // starts after every position of its predecessors.
@@ -33,8 +43,9 @@ const termShift = 40
 // serving leader, each with a position: term<<40 | sequence within the
 // term. Readers follow it with a cursor and wait on a channel that is
 // closed at every append. A renewal or a loss is left out when the same
-// lease recorded one lately (see renewalSpacing). It is safe for
-// concurrent use.
+// lease recorded one lately (see renewalSpacing), a rejection when the
+// same token's is retained or rejections have their share of the ring
+// (see rejectionShare). It is safe for concurrent use.
 type Ring struct {
 	mu      sync.Mutex
 	buf     []Event // circular; buf[(first-base)%len] is the oldest
@@ -44,16 +55,23 @@ type Ring struct {
 	changed chan struct{} // closed and replaced at every append
 	closed  bool
 	// repeats is the position of each lease's newest renewal and newest
-	// loss still retained: no more entries than the ring has events.
+	// loss, and of each rejected token's rejection, still retained: no
+	// more entries than the ring has events.
 	repeats map[repeatKey]uint64
+	// rejections counts the rejections retained.
+	rejections int
 }
 
-// repeatKey names the events of one kind of one lease.
+// repeatKey names the events of one kind of one lease, or, for
+// rejections, which name no lease, of one token of a scope.
 type repeatKey struct {
 	kind  Kind
 	scope string
+	token uint64
 	lease fence.LeaseID
 }
+
+func keyOf(e *Event) repeatKey { return repeatKey{e.Kind, e.Scope, e.Token, e.LeaseID} }
 
 // NewRing returns an empty ring that retains the last size events.
 func NewRing(size int) *Ring {
@@ -62,7 +80,8 @@ func NewRing(size int) *Ring {
 
 // Append records e as the next event of term; a new term starts the ring
 // afresh. It returns e with its position, or with position 0 if e is a
-// renewal or a loss left out (see renewalSpacing).
+// renewal, a loss or a rejection left out (see renewalSpacing and
+// rejectionShare).
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,26 +110,38 @@ func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
 }
 
 // appendLocked records e and returns its position, or 0 if it is a
-// renewal or a loss left out.
+// renewal, a loss or a rejection left out.
 func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	if term != r.term || r.next == 0 {
 		r.term = term
 		r.first = term<<termShift | 1
 		r.next = r.first
 		clear(r.repeats)
+		r.rejections = 0
 	}
-	if r.repeated(e) {
+	if r.leftOut(e) {
 		return 0
 	}
 	e.Position = r.next
 	r.next++
 	slot := &r.buf[e.Position%uint64(len(r.buf))]
-	if k := (repeatKey{slot.Kind, slot.Scope, slot.LeaseID}); r.repeats[k] == slot.Position {
-		delete(r.repeats, k) // the newest of its kind and lease leaves the ring
+	// Positions increase across terms: a slot at or after the oldest
+	// retained position holds the event that leaves the ring now.
+	if slot.Position >= r.first {
+		if k := keyOf(slot); r.repeats[k] == slot.Position {
+			delete(r.repeats, k) // the newest of its kind and lease (or token) leaves
+		}
+		if slot.Kind == Rejected {
+			r.rejections--
+		}
 	}
 	*slot = e
-	if e.Kind == Renewed || e.Kind == Lost {
-		r.repeats[repeatKey{e.Kind, e.Scope, e.LeaseID}] = e.Position
+	switch e.Kind {
+	case Rejected:
+		r.rejections++
+		fallthrough
+	case Renewed, Lost:
+		r.repeats[keyOf(&e)] = e.Position
 	}
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
@@ -118,18 +149,21 @@ func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	return e.Position
 }
 
-// repeated reports whether e is a renewal of a lease that recorded one
-// less than its TTL/renewalSpacing before, or a loss of a lease whose loss
-// is retained. r.mu is held.
-func (r *Ring) repeated(e Event) bool {
-	if e.Kind != Renewed && e.Kind != Lost {
-		return false
+// leftOut reports whether e is a renewal of a lease that recorded one
+// less than its TTL/renewalSpacing before, a loss of a lease whose loss is
+// retained, or a rejection of a token whose rejection is retained or past
+// the rejections' share of the ring. r.mu is held.
+func (r *Ring) leftOut(e Event) bool {
+	p, ok := r.repeats[keyOf(&e)]
+	switch e.Kind {
+	case Renewed:
+		return ok && e.At.Sub(r.buf[p%uint64(len(r.buf))].At) < e.TTL/renewalSpacing
+	case Lost:
+		return ok
+	case Rejected:
+		return ok || r.rejections >= max(len(r.buf)/rejectionShare, 1)
 	}
-	p, ok := r.repeats[repeatKey{e.Kind, e.Scope, e.LeaseID}]
-	if !ok {
-		return false
-	}
-	return e.Kind == Lost || e.At.Sub(r.buf[p%uint64(len(r.buf))].At) < e.TTL/renewalSpacing
+	return false
 }
 
 func (r *Ring) wakeLocked() {

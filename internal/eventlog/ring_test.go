@@ -229,3 +229,85 @@ func TestRingRecordsALossOnce(t *testing.T) {
 		t.Fatal("a loss whose first record left the ring was left out")
 	}
 }
+
+// TestRingBoundsRejections: a stale token refused again and again on a
+// scope, whatever guard reports it, records one rejection while it is
+// retained, and since reporters may name any token and scope, rejections
+// take a tenth of the ring at most: the rest are left out, their positions
+// unused and no reader woken, until some leave the ring. A grant before
+// them all stays readable.
+func TestRingBoundsRejections(t *testing.T) {
+	const term, size = 1, 30 // room for 3 rejections
+	r := NewRing(size)
+	at := time.Unix(1_000_000, 0)
+	rejection := func(scope string, token uint64, guard string) Event {
+		return Event{Kind: Rejected, Scope: scope, Token: token, Current: token + 1, Guard: guard, At: at}
+	}
+	grant := r.Append(term, Event{Kind: Granted, Scope: "billing/a", Token: 1})
+	r.AppendAll(term, func(yield func(Event) bool) {
+		for i := range 1000 {
+			if !yield(rejection("orders/a", 1, fmt.Sprint("guard-", i%3))) {
+				return
+			}
+		}
+	})
+	if p := r.Position(term); p != grant.Position+2 {
+		t.Fatalf("next position after a token refused 1000 times: %d, want %d (one rejection recorded)", p, grant.Position+2)
+	}
+	// Another token of the scope, and the same token of another scope:
+	// recorded, and the rejections have their share.
+	if e := r.Append(term, rejection("orders/a", 2, "guard-0")); e.Position != grant.Position+2 {
+		t.Fatalf("another token's rejection at %d, want %d", e.Position, grant.Position+2)
+	}
+	if e := r.Append(term, rejection("orders/b", 1, "guard-0")); e.Position != grant.Position+3 {
+		t.Fatalf("another scope's rejection at %d, want %d", e.Position, grant.Position+3)
+	}
+	_, _, changed, err := r.Read(grant.Position+4, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Eleven reports of 1000 rejections, each of a new token or scope,
+	// would have pushed billing/a's grant out of a ring of 10,000.
+	for i := range 11 * 1000 {
+		if e := r.Append(term, rejection(fmt.Sprint("orders/", i%1000), uint64(10+i), "guard-0")); e.Position != 0 {
+			t.Fatalf("rejection %d recorded at %d past the rejections' share of the ring", i, e.Position)
+		}
+	}
+	select {
+	case <-changed:
+		t.Fatal("a reader was woken for rejections left out")
+	default:
+	}
+	evs, _, _, err := r.Read(grant.Position, "billing/", 10)
+	if err != nil || len(evs) != 1 || evs[0].Token != 1 {
+		t.Fatalf("billing/ from before the rejections: %+v, %v; want its grant", evs, err)
+	}
+
+	// Once rejections leave the ring, others take their room, and the
+	// same token refused again is recorded again.
+	for i := range size - 1 { // the grant and two rejections leave
+		r.Append(term, Event{Kind: Granted, Scope: fmt.Sprintf("s/%d", i), Token: 1})
+	}
+	if r.rejections != 1 {
+		t.Fatalf("%d rejections counted with one left in the ring", r.rejections)
+	}
+	if e := r.Append(term, rejection("orders/a", 1, "guard-1")); e.Position == 0 {
+		t.Fatal("a rejection whose first record left the ring was left out")
+	}
+	// That pushed the last of the first three out: room for two more.
+	for _, scope := range []string{"orders/c", "orders/d"} {
+		if e := r.Append(term, rejection(scope, 5, "guard-1")); e.Position == 0 {
+			t.Fatalf("a rejection of %s left out with room for it in the ring", scope)
+		}
+	}
+	if e := r.Append(term, rejection("orders/e", 5, "guard-1")); e.Position != 0 {
+		t.Fatal("a rejection recorded past the rejections' share of the ring")
+	}
+	// A new term starts afresh.
+	if e := r.Append(term+1, rejection("orders/d", 5, "guard-1")); e.Position == 0 {
+		t.Fatal("the first rejection of a new term was left out")
+	}
+	if r.rejections != 1 || len(r.repeats) != 1 {
+		t.Fatalf("%d rejections counted and %v remembered in the new term, want orders/d alone", r.rejections, r.repeats)
+	}
+}
