@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -197,4 +198,104 @@ func hasHeading(headings []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestHolderRulesAgree checks that the holder's rules read the same in
+// each place they are written: the numbered list under "The holder's
+// rules" in docs/protocol.md, the Go client's package doc and the
+// TypeScript client's README has the same rules in the same order, each
+// starting with the title protocol.md gives it in bold (code spans and doc
+// links may name the language's own field), and each giving the same
+// figures (fractions of the TTL, milliseconds) as protocol.md's.
+func TestHolderRulesAgree(t *testing.T) {
+	want := holderRules(t, "docs/protocol.md")
+	if len(want) < 8 {
+		t.Fatalf("docs/protocol.md lists %d holder's rules, want 8 or more: has the list moved?", len(want))
+	}
+	for _, path := range []string{"client/doc.go", "clients/typescript/README.md"} {
+		got := holderRules(t, path)
+		if len(got) != len(want) {
+			t.Errorf("%s lists %d holder's rules, docs/protocol.md %d", path, len(got), len(want))
+			continue
+		}
+		for i, w := range want {
+			g := got[i]
+			if !strings.HasPrefix(g.text, w.title) {
+				t.Errorf("%s, holder's rule %d starts %q, want the title docs/protocol.md gives it: %q", path, i+1, g.text[:min(len(g.text), len(w.title)+20)], w.title)
+			}
+			if !slices.Equal(g.figures, w.figures) {
+				t.Errorf("%s, holder's rule %d gives the figures %q, docs/protocol.md %q", path, i+1, g.figures, w.figures)
+			}
+		}
+	}
+}
+
+// holderRule is one item of a holder's rules list, normalized: lower case,
+// one space between words, code spans and doc links as "`x`", and no bold.
+type holderRule struct {
+	text    string
+	title   string   // the bold text at its start, if any
+	figures []string // fractions of the TTL and milliseconds, sorted
+}
+
+// holderRules returns the numbered list that follows the heading "The
+// holder's rules" in a Markdown page or a Go package doc.
+func holderRules(tb testing.TB, path string) []holderRule {
+	tb.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	item := regexp.MustCompile(`^\d+\.\s+`)
+	var items []string
+	in := false
+	for line := range strings.Lines(string(b)) {
+		if strings.HasSuffix(path, ".go") {
+			rest, ok := strings.CutPrefix(line, "//")
+			if !ok {
+				continue
+			}
+			line = strings.TrimPrefix(rest, " ")
+		}
+		line = strings.TrimRight(line, "\n")
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "#"):
+			if in {
+				return normalizeRules(items)
+			}
+			in = strings.HasSuffix(trimmed, "The holder's rules")
+		case !in || trimmed == "":
+		case item.MatchString(trimmed):
+			items = append(items, item.ReplaceAllString(trimmed, ""))
+		case len(items) > 0 && line != trimmed:
+			items[len(items)-1] += " " + trimmed
+		case len(items) > 0:
+			return normalizeRules(items) // a paragraph after the list ends it
+		}
+	}
+	tb.Fatalf("%s has no heading \"The holder's rules\" followed by a numbered list", path)
+	return nil
+}
+
+func normalizeRules(items []string) []holderRule {
+	code := regexp.MustCompile("`[^`]*`|\\[[A-Za-z.]+\\]")
+	bold := regexp.MustCompile(`^\*\*(.+?)\*\*`)
+	figure := regexp.MustCompile(`\b(?:third|twentieth|tenth|half|quarter)\b|\b\d+ ?ms\b`)
+	rules := make([]holderRule, len(items))
+	for i, it := range items {
+		it = strings.ToLower(code.ReplaceAllString(strings.Join(strings.Fields(it), " "), "`x`"))
+		var r holderRule
+		if m := bold.FindStringSubmatch(it); m != nil {
+			r.title = strings.TrimRight(m[1], ".:,")
+		}
+		r.text = strings.ReplaceAll(it, "**", "")
+		for _, f := range figure.FindAllString(r.text, -1) {
+			r.figures = append(r.figures, strings.ReplaceAll(f, " ", ""))
+		}
+		slices.Sort(r.figures)
+		r.figures = slices.Compact(r.figures)
+		rules[i] = r
+	}
+	return rules
 }

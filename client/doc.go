@@ -90,6 +90,43 @@
 // package never does it for you. Acquire again and write with the new,
 // greater token.
 //
+// # The holder's rules
+//
+// These are the rules of docs/protocol.md, "The holder's rules", which the
+// TypeScript and Python clients follow too; a Lease keeps the first four
+// for its holder, and the holder keeps the rest:
+//
+//  1. Renew every third of the TTL, counted from the send time of the last
+//     confirmed renewal (at first, of the acquire). A renewal that fails
+//     for a transient reason is sent again after a twentieth of the TTL (at
+//     least 10ms), at the next address if the node seems down, for as long
+//     as the lease is valid.
+//  2. Count validity on a monotonic clock, from the send time: until the
+//     send time of the last confirmed renewal plus the TTL, minus a drift
+//     margin of a twentieth of the TTL and at least 5ms ([WithDriftMargin]),
+//     on Go's monotonic clock, never the wall clock, the service's
+//     expiresIn, or the time the answer arrived ([Lease.ValidUntil]).
+//  3. A grant obtained by a retry started earlier: an acquire retried with
+//     its request ID, or one that waited in line more than a third of the
+//     TTL, renews it once before returning and counts from that renewal.
+//  4. The lease is lost, for good, when a renewal is refused, when its
+//     validity passes without a confirmed renewal (it is then released, in
+//     case a late renewal was granted), or when its holder calls
+//     [Lease.MarkLost] because a guard refused its token as stale:
+//     [Lease.Done] closes and [Lease.Context] is cancelled. Stop every write under its token then; acquire anew for
+//     a greater token.
+//  5. Never retry a write a guard refused as stale with the same token: a
+//     newer holder exists. Do not release to free the scope: it is someone
+//     else's.
+//  6. Send the newest [Lease.Token] with every write: each renewal signs it
+//     with the key that signs then, and after a key rotation's grace period
+//     guards refuse the old key's signature.
+//  7. Keep the lease ID and the request ID secret: they renew, release and
+//     fetch the grant. Log the token, never [Lease.ID]; give a child process
+//     the token, not the lease ID.
+//  8. Release when done ([Lease.Release], or [Client.Close]), so the next
+//     holder need not wait for the TTL.
+//
 // # Errors
 //
 // Errors match fence's sentinels with errors.Is: [fence.ErrHeld] (a
