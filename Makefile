@@ -21,11 +21,11 @@ GOBUILD := $(GO) build -ldflags='$(VERSION_LDFLAGS)'
 # go test -json → one line per package as it finishes, failures in full.
 TESTPROGRESS := $(GO) run ./scripts/testprogress -trim github.com/fence-dev/fence/
 # test-short leaves out what needs the servers of `make services` (pgxguard,
-# redisguard, sqlguard's postgres and mysql subtests, fencecheck's fault runs
+# redisguard, s3guard, sqlguard's postgres and mysql subtests, fencecheck's fault runs
 # on PostgreSQL) and the tests that kill, cut off and restart real fenced
 # processes for minutes. `make test` runs them all. How long each takes:
 # README.md, the one place the times are kept.
-SHORT_SKIP_PKGS := /guard/pgxguard$$|/guard/redisguard$$|/guard/sqlguard$$
+SHORT_SKIP_PKGS := /guard/pgxguard$$|/guard/redisguard$$|/guard/s3guard$$|/guard/sqlguard$$
 SHORT_SKIP := ^(TestCrashRestart|TestRestartGrace|TestCluster.*|TestStorageFaults.*|TestRestoredCopy|TestFencedRunPasses|TestUnfencedRunFindsAnomalies)$$
 
 .DEFAULT_GOAL := help
@@ -35,7 +35,7 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: services
-services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB and Redis on 127.0.0.1 (ports 54329, 33069, 63799); install chromium, Node.js and npm, and Debian's python3 packages the Python tests use
+services: ## install (Debian packages, when missing) and start PostgreSQL, MariaDB, Redis and S3 (SeaweedFS, built once) on 127.0.0.1 (ports 54329, 33069, 63799, 18339); install chromium, Node.js and npm, and Debian's python3 packages the Python tests use
 	./scripts/services.sh
 
 .PHONY: services-stop

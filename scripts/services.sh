@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Private PostgreSQL, MariaDB and Redis servers for fence's tests, the
-# headless Chromium that the status page's tests drive, Node.js for the
+# Private PostgreSQL, MariaDB, Redis and S3 (SeaweedFS) servers for fence's
+# tests, the headless Chromium that the status page's tests drive, Node.js for the
 # TypeScript client's and Debian's Python packages for the Python client's.
 #
 #   scripts/services.sh [start]   install what is missing, start, wait, print the DSNs
@@ -20,12 +20,32 @@
 # and status say so, naming the data directory of the server that answers;
 # to run a checkout's own, stop the others (scripts/services.sh stop, in the
 # checkout that started them).
+#
+# The S3 server is SeaweedFS's weed, which Debian does not package: the
+# first start builds it from the Go module proxy (about 10 minutes on 2
+# cores, at the lowest CPU priority) into
+# ${XDG_CACHE_HOME:-~/.cache}/fence/seaweedfs-<version>/weed, which every
+# later start, and every checkout on the machine, reuses. FENCE_WEED names a
+# weed binary to use instead.
 set -euo pipefail
 
 readonly HOST=127.0.0.1
 readonly PG_PORT=54329
 readonly MY_PORT=33069
 readonly REDIS_PORT=63799
+# SeaweedFS: the S3 gateway, and the master, volume and filer servers
+# behind it, each with its gRPC port beside it (weed's default is +10000).
+readonly S3_PORT=18339
+readonly WEED_MASTER_PORT=19339
+readonly WEED_VOLUME_PORT=18089
+readonly WEED_FILER_PORT=18889
+# The pseudo-version that was checked to answer a stale If-Match and an
+# If-None-Match: * on an existing key with 412, as guard/s3guard needs.
+readonly SEAWEEDFS_VERSION=v0.0.0-20261109003541-7506e5f91cd6
+# The S3 credentials and bucket of the tests (FENCE_TEST_S3 in services.env).
+readonly S3_ACCESS_KEY=fence S3_SECRET_KEY=fence-secret S3_BUCKET=fence-test
+# Building weed takes minutes; its bound is separate from WAIT_SECS.
+readonly BUILD_SECS=${FENCE_SERVICES_BUILD_WAIT:-3600}
 readonly WAIT_SECS=${FENCE_SERVICES_WAIT:-60}
 # A server that dies right after being launched is relaunched at most this
 # often within WAIT_SECS: e.g. PostgreSQL refuses to start while children of a
@@ -40,12 +60,15 @@ ENV_FILE=$SCRIPT_DIR/services.env
 MY_UID=$(id -u)
 STATE_DIR=''
 # Set by resolve_binaries.
-PG_BIN='' MY_SERVER='' MY_INSTALL_DB='' MY_CLIENT='' MY_ADMIN='' REDIS_SERVER='' REDIS_CLI=''
+PG_BIN='' MY_SERVER='' MY_INSTALL_DB='' MY_CLIENT='' MY_ADMIN='' REDIS_SERVER='' REDIS_CLI='' CURL=''
+# Set by ensure_weed.
+WEED=''
 MISSING=()
 # Set by the *_layout functions.
 PG_ROOT='' PG_DATA='' PG_LOG=''
 MY_ROOT='' MY_DATA='' MY_LOG='' MY_PID='' MY_SOCK='' MY_INIT_SQL=''
 REDIS_ROOT='' REDIS_LOG='' REDIS_PID=''
+S3_ROOT='' S3_LOG='' S3_PID='' S3_CONF=''
 # PID of the daemon a launch function started in the background, if it knows it.
 LAUNCHED_PID=''
 
@@ -220,6 +243,11 @@ served_dir() {
 			-u fence --connect-timeout=5 -N -B -e 'SELECT @@datadir' </dev/null 2>/dev/null || true
 		;;
 	redis) timeout 10 "$REDIS_CLI" -h "$HOST" -p "$REDIS_PORT" config get dir </dev/null 2>/dev/null | sed -n 2p || true ;;
+	s3)
+		# The volume server's status names its data directories.
+		timeout 10 "$CURL" -sf "http://$HOST:$WEED_VOLUME_PORT/status" </dev/null 2>/dev/null |
+			grep -o '"dir":"[^"]*"' | head -n 1 | cut -d'"' -f4 || true
+		;;
 	esac
 }
 
@@ -233,6 +261,7 @@ foreign_dir() {
 	postgres) want=$PG_DATA ;;
 	mariadb) want=$MY_DATA ;;
 	redis) want=$REDIS_ROOT ;;
+	s3) want=$S3_ROOT/data ;;
 	esac
 	dir=$(served_dir "$1")
 	same_dir "$dir" "$want" && return 1
@@ -277,6 +306,12 @@ resolve_binaries() {
 	REDIS_CLI=$(find_bin redis-cli || true)
 	if [[ -z $REDIS_SERVER || -z $REDIS_CLI ]]; then
 		MISSING+=(redis-server)
+	fi
+	# curl asks the S3 server if it is up, and makes its bucket
+	# (--aws-sigv4 signs the requests).
+	CURL=$(find_bin curl || true)
+	if [[ -z $CURL ]]; then
+		MISSING+=(curl)
 	fi
 	# Not a service: the headless browser the status page's tests drive.
 	if ! find_bin chromium >/dev/null; then
@@ -570,6 +605,134 @@ start_redis() {
 	printf '%-9s ready  %s\n' redis "redis://$HOST:$REDIS_PORT/0"
 }
 
+# ---------------------------------------------------------------- S3 (SeaweedFS)
+
+# ensure_weed: set WEED to a weed binary, building SeaweedFS once if the
+# cache has none. A lock on the cache directory makes a second checkout
+# wait for the first one's build instead of building too.
+ensure_weed() {
+	if [[ -n ${FENCE_WEED:-} ]]; then
+		[[ -f $FENCE_WEED && -x $FENCE_WEED ]] || die "FENCE_WEED=$FENCE_WEED is not an executable file"
+		WEED=$FENCE_WEED
+		return 0
+	fi
+	local cache=${XDG_CACHE_HOME:-$HOME/.cache}/fence/seaweedfs-$SEAWEEDFS_VERSION
+	WEED=$cache/weed
+	[[ -x $WEED ]] && return 0
+	command -v go >/dev/null 2>&1 ||
+		die "building SeaweedFS's weed (once) needs Go on PATH; or set FENCE_WEED to a weed binary"
+	mkdir -p "$cache"
+	(
+		flock -w "$BUILD_SECS" 8 || die "another build of weed still holds $cache/.lock"
+		[[ -x $WEED ]] && exit 0 # built by whoever held the lock
+		build_weed "$cache"
+	) 8>"$cache/.lock"
+	[[ -x $WEED ]] || die "no weed at $WEED after the build"
+}
+
+# build_weed DIR: build weed into DIR/weed, in a throwaway module. go
+# install ...@version refuses SeaweedFS, whose go.mod has a replace
+# directive; a replace applies only in the main module, so this one repeats
+# it. Lowest CPU priority and one package at a time: the machine may be
+# shared, and the build is long enough either way.
+build_weed() {
+	local cache=$1 mod
+	mod=$(mktemp -d "$cache/build.XXXXXX")
+	cat >"$mod/go.mod" <<EOF
+module fence.local/weedbuild
+
+go 1.26
+
+require github.com/seaweedfs/seaweedfs $SEAWEEDFS_VERSION
+
+replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
+EOF
+	log "s3: building SeaweedFS's weed $SEAWEEDFS_VERSION from the Go module proxy, once for this machine (about 10 minutes on 2 cores; log: $mod/build.log)"
+	if ! (cd "$mod" && export GOFLAGS=-p=1 GOWORK=off &&
+		timeout "$BUILD_SECS" nice -n 19 go get github.com/seaweedfs/seaweedfs/weed@"$SEAWEEDFS_VERSION" &&
+		timeout "$BUILD_SECS" nice -n 19 go build -trimpath -ldflags='-s -w' -o "$mod/weed" github.com/seaweedfs/seaweedfs/weed
+	) </dev/null >"$mod/build.log" 2>&1 9>&- 8>&-; then
+		show_log "$mod/build.log"
+		die "s3: building weed failed (log: $mod/build.log)"
+	fi
+	mv -f "$mod/weed" "$cache/weed" # a rename: no one runs a half-written binary
+	rm -rf "$mod"
+	log "s3: weed is in $cache/weed"
+}
+
+s3_layout() {
+	S3_ROOT=$STATE_DIR/seaweedfs
+	S3_LOG=$S3_ROOT/weed.log
+	S3_PID=$S3_ROOT/weed.pid
+	S3_CONF=$S3_ROOT/s3.json
+	mkdir -p "$S3_ROOT/data"
+}
+
+s3_ping() { timeout 10 "$CURL" -sf -o /dev/null "http://$HOST:$S3_PORT/healthz" </dev/null 2>/dev/null; }
+
+# s3_request METHOD PATH [BODY]: a request signed with the tests'
+# credentials; it prints the HTTP status.
+s3_request() {
+	local body=${3:-} hash
+	# S3 wants the body's hash in a header, which curl (7.88) leaves out.
+	hash=$(printf '%s' "$body" | sha256sum | cut -d' ' -f1)
+	timeout 30 "$CURL" -s -o /dev/null -w '%{http_code}' -X "$1" --aws-sigv4 'aws:amz:us-east-1:s3' \
+		--user "$S3_ACCESS_KEY:$S3_SECRET_KEY" -H "x-amz-content-sha256: $hash" \
+		-H 'Content-Type: text/plain' --data-binary "$body" \
+		"http://$HOST:$S3_PORT$2" </dev/null 2>/dev/null || true
+}
+
+# s3_ready: the bucket exists and takes a write. The first write to a new
+# bucket waits for the master to grow volumes for it.
+s3_ready() {
+	case $(s3_request PUT "/$S3_BUCKET") in
+	200 | 409) ;; # 409: the bucket exists already
+	*) return 1 ;;
+	esac
+	[[ $(s3_request PUT "/$S3_BUCKET/services-probe" ok) == 200 ]]
+}
+
+s3_launch() {
+	local sockets=$S3_ROOT
+	# A Unix socket path must fit in 108 bytes.
+	if ((${#sockets} > 90)); then
+		sockets=$(private_tmp_dir)
+	fi
+	# One identity, the tests': requests without its signature are refused.
+	cat >"$S3_CONF" <<EOF
+{"identities": [{"name": "fence", "credentials": [{"accessKey": "$S3_ACCESS_KEY", "secretKey": "$S3_SECRET_KEY"}],
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+EOF
+	local -a args=(
+		server -ip="$HOST" -ip.bind="$HOST" -dir="$S3_ROOT/data"
+		-master.port="$WEED_MASTER_PORT" -master.port.grpc=$((WEED_MASTER_PORT + 1))
+		-master.telemetry=false # it would report to telemetry.seaweedfs.com
+		-master.volumeSizeLimitMB=64 -volume.max=0
+		-volume.port="$WEED_VOLUME_PORT" -volume.port.grpc=$((WEED_VOLUME_PORT + 1))
+		-filer -filer.port="$WEED_FILER_PORT" -filer.port.grpc=$((WEED_FILER_PORT + 1))
+		-filer.localSocket="$sockets/weed-filer.sock"
+		-s3 -s3.port="$S3_PORT" -s3.port.grpc=$((S3_PORT + 1)) -s3.config="$S3_CONF"
+		-s3.localSocket="$sockets/weed-s3.sock"
+		-s3.port.iceberg=0 -s3.port.lance=0 # catalogs the tests do not use, on ports of their own
+	)
+	log "s3: starting SeaweedFS on $HOST:$S3_PORT"
+	# setsid: as for mariadbd, $! is weed's own pid.
+	setsid "$WEED" "${args[@]}" </dev/null >>"$S3_LOG" 2>&1 9>&- &
+	LAUNCHED_PID=$!
+	echo "$LAUNCHED_PID" >"$S3_PID"
+}
+
+start_s3() {
+	ensure_weed
+	s3_layout
+	ensure_up s3 s3_ping "$S3_PID" weed s3_launch "$S3_LOG"
+	if ! wait_until "$WAIT_SECS" s3_ready; then
+		show_log "$S3_LOG"
+		die "s3 answers on $HOST:$S3_PORT but bucket $S3_BUCKET cannot be made or written with the tests' credentials (another server on that port?)"
+	fi
+	printf '%-9s ready  %s\n' s3 "http://$S3_ACCESS_KEY:$S3_SECRET_KEY@$HOST:$S3_PORT/$S3_BUCKET"
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_start() {
@@ -577,8 +740,9 @@ cmd_start() {
 	start_postgres
 	start_mariadb
 	start_redis
+	start_s3
 	echo "# connection strings, from $ENV_FILE:"
-	grep -E '^[A-Z_]+=' "$ENV_FILE"
+	grep -E '^[A-Z0-9_]+=' "$ENV_FILE"
 }
 
 cmd_stop() {
@@ -588,6 +752,8 @@ cmd_stop() {
 	stop_pidfile mariadb "$MY_PID" mariadbd
 	redis_layout
 	stop_pidfile redis "$REDIS_PID" redis-server
+	s3_layout
+	stop_pidfile s3 "$S3_PID" weed
 	# What still answers was not started from this state dir.
 	local dir
 	if [[ -n $PG_BIN ]] && pg_ping && dir=$(foreign_dir postgres); then
@@ -599,6 +765,9 @@ cmd_stop() {
 	if [[ -n $REDIS_CLI ]] && redis_ping && dir=$(foreign_dir redis); then
 		log "redis: the server on $HOST:$REDIS_PORT is another checkout's (data in $dir); left running"
 	fi
+	if [[ -n $CURL ]] && s3_ping && dir=$(foreign_dir s3); then
+		log "s3: the server on $HOST:$S3_PORT is another checkout's (data in $dir); left running"
+	fi
 }
 
 cmd_status() {
@@ -607,9 +776,11 @@ cmd_status() {
 	if [[ -n $PG_BIN ]]; then pg_layout; fi
 	my_layout
 	redis_layout
+	s3_layout
 	status_line postgres "postgres://fence:fence@$HOST:$PG_PORT/fence" "$PG_BIN" pg_ping || down=1
 	status_line mariadb "fence:fence@tcp($HOST:$MY_PORT)/fence" "$MY_ADMIN" my_ping || down=1
 	status_line redis "redis://$HOST:$REDIS_PORT/0" "$REDIS_CLI" redis_ping || down=1
+	status_line s3 "http://$HOST:$S3_PORT/$S3_BUCKET" "$CURL" s3_ping || down=1
 	return "$down"
 }
 
@@ -635,7 +806,7 @@ main() {
 	case $cmd in
 	start | stop | status) ;;
 	-h | --help | help)
-		sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+		sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 		return 0
 		;;
 	*)
