@@ -39,8 +39,9 @@ func TestReadmeExample(t *testing.T) {
 }
 
 // heavy are module paths a program that imports only client and
-// guard/httpguard must not need: database drivers, Redis, gRPC, SQLite,
-// the verification harness's checker, property testing and Raft.
+// guard/httpguard must not need: database drivers, Redis, the AWS SDK,
+// gRPC, SQLite, the verification harness's checker, property testing and
+// Raft.
 var heavy = []string{
 	"github.com/jackc/pgx",
 	"github.com/lib/pq",
@@ -48,6 +49,8 @@ var heavy = []string{
 	"modernc.org/sqlite",
 	"github.com/mattn/go-sqlite3",
 	"github.com/redis/go-redis",
+	"github.com/aws/aws-sdk-go-v2",
+	"github.com/aws/smithy-go",
 	"google.golang.org/grpc",
 	"github.com/anishathalye/porcupine",
 	"pgregory.net/rapid",

@@ -15,8 +15,9 @@
 //	var stale *guard.StaleError
 //	if errors.As(err, &stale) { /* the writer's lease is lost: tell it so */ }
 //
-// Adapters for HTTP, gRPC, SQL databases, Redis and an embedded bbolt file
-// live in the packages beside this one; guardtest checks any Store.
+// Adapters for HTTP, gRPC, SQL databases, Redis, S3 buckets and an
+// embedded bbolt file live in the packages beside this one; guardtest
+// checks any Store.
 //
 // # Caveats
 //

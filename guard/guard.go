@@ -96,7 +96,8 @@ type Repeater interface {
 // A Lister is a Store that can name the scopes it holds a mark for. A
 // follower (guard/follow) that starts afresh reads the service's state of
 // each, so that a lease that ended while no follower ran is closed too.
-// boltguard, sqlguard, pgxguard and redisguard's stores are Listers.
+// boltguard, sqlguard, pgxguard, redisguard and s3guard's stores are
+// Listers.
 type Lister interface {
 	Store
 	// Scopes returns the scopes starting with prefix that have a mark.

@@ -17,7 +17,7 @@
 // guardmetrics.NewFollowerCollector exports them to Prometheus.
 //
 // The store is the one the writers' guard uses (guard.MemoryStore,
-// boltguard, sqlguard, pgxguard's or redisguard's): the follower moves its
+// boltguard, sqlguard, pgxguard's, redisguard's or s3guard's): the follower moves its
 // marks with the store's own Fence and an apply that does nothing, the
 // monotonic advance every writer uses, so it never moves a mark backwards
 // and never races a writer.
@@ -44,8 +44,8 @@
 // is free again is forgotten, so a follower over short-lived scopes (one
 // per job) stays as small as the leases held at once, and a resync reads
 // no more. When it starts, a follower of a store that names its
-// scopes (a guard.Lister: boltguard, sqlguard, pgxguard and redisguard's
-// stores) reads, that once, the state of each scope under the prefix that
+// scopes (a guard.Lister: boltguard, sqlguard, pgxguard, redisguard and
+// s3guard's stores) reads, that once, the state of each scope under the prefix that
 // the store has a mark for, so that a lease that ended while no follower ran is
 // closed too; over another store such a lease stays open until the
 // scope's next event. Events reach a follower from the moment the service
