@@ -64,7 +64,12 @@ not end. A follower that is behind or stopped costs only that window,
 never safety.
 
 URL is as for install (postgres://, mysql://, redis://; the table
-fence_tokens or the keys fence:{SCOPE}). It runs until interrupted, and
+fence_tokens or the keys fence:{SCOPE}), or s3://BUCKET[/PREFIX] for the
+mark objects guard/s3guard keeps in a bucket under PREFIX (fence/ when
+omitted), with the credentials of AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+and AWS_SESSION_TOKEN, the region of AWS_REGION (us-east-1 without it),
+and, for an S3-compatible server, its address in AWS_ENDPOINT_URL_S3 or
+AWS_ENDPOINT_URL (requests then go path-style). It runs until interrupted, and
 prints how many marks it advanced and how far behind it is (lag: the age
 of the oldest grant or closing received and not yet recorded, or the time
 since it lost or has not yet got the watch) every --report, and when it
@@ -84,6 +89,7 @@ database's addresses, the lag, the counts and the last error. The first
 line printed names the address bound (a port of 0 picks one).`,
 		Example: `  fencectl guard follow 'postgres://app:secret@db.internal:5432/shop' --prefix orders/
   fencectl guard follow redis://127.0.0.1:6379 --prefix jobs/ --report 10s -o json
+  AWS_ENDPOINT_URL_S3=http://127.0.0.1:8333 fencectl guard follow s3://my-bucket --prefix tables/
   fencectl guard follow mysql://app:secret@db:3306/shop --prefix orders/ --listen 127.0.0.1:9481`,
 		Args: exactArgs("URL"),
 		RunE: a.run(func(cmd *cobra.Command, args []string) error {
@@ -93,7 +99,7 @@ line printed names the address bound (a port of 0 picks one).`,
 			if report <= 0 {
 				return usageErrorf("--report %v: want a positive duration", report)
 			}
-			t, err := parseGuardTarget(args[0])
+			t, err := parseFollowTarget(args[0])
 			if err != nil {
 				return usage(err)
 			}
@@ -222,6 +228,12 @@ func openGuardStore(ctx context.Context, t *guardTarget, raw string) (guard.Stor
 	pctx, cancel := context.WithTimeout(ctx, installTimeout)
 	defer cancel()
 	switch t.kind {
+	case "s3":
+		s, err := openS3Store(pctx, t)
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, func() {}, nil
 	case "redis":
 		redis.SetLogger(quietRedis{})
 		opt, err := redis.ParseURL(raw)
