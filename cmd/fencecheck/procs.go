@@ -233,7 +233,7 @@ func (r *runner) startNodes(ctx context.Context) error {
 			if nd.raftProxy, err = newProxy(nd.ip, nd.raft); err != nil {
 				return err
 			}
-			args = append(args, "--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.raftProxy.addr(), "--election-timeout", "500ms")
+			args = append(args, "--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.raftProxy.addr(), "--election-timeout", "1s")
 			if i == 0 {
 				args = append(args, "--bootstrap")
 			} else {

@@ -83,7 +83,7 @@ func (c *testCluster) start(nd *clusterNode) {
 // args are nd's command-line arguments, but for its data directory and
 // API address.
 func (nd *clusterNode) args() []string {
-	return append([]string{"--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.proxy.addr, "--election-timeout", "500ms"}, nd.joinArgs...)
+	return append([]string{"--node-id", nd.id, "--raft-listen", nd.raft, "--raft-advertise", nd.proxy.addr, "--election-timeout", "1s"}, nd.joinArgs...)
 }
 
 // addrs is the client's address list: every node.

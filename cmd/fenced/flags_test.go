@@ -28,6 +28,9 @@ func TestParseEnvAndFlags(t *testing.T) {
 	if cfg.DataDir != "d" {
 		t.Errorf("data dir = %q", cfg.DataDir)
 	}
+	if cfg.ElectionTimeout != time.Second {
+		t.Errorf("election timeout = %v, want etcd's default, 1s (Raft's heartbeat timeout 500ms)", cfg.ElectionTimeout)
+	}
 	// Limits are on by default.
 	if cfg.MaxLeasesPerIdentity <= 0 || cfg.MaxWaitersPerIdentity <= 0 {
 		t.Errorf("max leases per identity %d, max waiters per identity %d: want limits by default", cfg.MaxLeasesPerIdentity, cfg.MaxWaitersPerIdentity)
@@ -50,6 +53,8 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{args: []string{"--raft-log", "lmdb"}, want: "want bolt or wal"},
 		{args: []string{"--raft-segment-size", "4096"}, want: "want 65536 (64 KiB) to"},
 		{args: []string{"extra"}, want: "unexpected argument"},
+		{args: []string{"--election-timeout", "10ms"}, want: "election timeout 10ms is too short: want 20ms or more"},
+		{args: []string{"--election-timeout", "-1s"}, want: "election timeout -1s is too short: want 20ms or more"},
 		{args: []string{"--max-leases-per-identity", "-1"}, want: "max leases per identity -1 is negative"},
 		{args: []string{"--max-waiters-per-identity", "-5"}, want: "max waiters per identity -5 is negative"},
 		{args: []string{"--max-conns", "-1"}, want: "max conns -1 is negative"},

@@ -73,9 +73,10 @@ type Config struct {
 	// state.bin) to start a new one-voter cluster from, in place of an
 	// empty state. The data directory must hold no Raft state.
 	Restore string
-	// HeartbeatTimeout and ElectionTimeout tune failure detection; zero
-	// means 500ms, which suits a LAN.
-	HeartbeatTimeout, ElectionTimeout time.Duration
+	// ElectionTimeout is how long, on average, followers go without
+	// hearing from the leader before they elect another (see timeouts);
+	// zero means DefaultElectionTimeout. At least MinElectionTimeout.
+	ElectionTimeout time.Duration
 	// SnapshotThreshold is how many log entries since the last snapshot
 	// trigger a new one (zero: 8192), checked every SnapshotInterval (zero:
 	// 120s, with jitter).
@@ -150,6 +151,9 @@ func Open(cfg Config) (*Node, error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("raftnode: empty node ID")
 	}
+	if err := CheckElectionTimeout(cfg.ElectionTimeout); err != nil {
+		return nil, fmt.Errorf("raftnode: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
@@ -184,11 +188,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = logger
 	rc.NotifyCh = n.notify
-	// A one-voter cluster elects itself after one heartbeat timeout; keep
-	// restarts quick.
-	rc.HeartbeatTimeout = cmp.Or(cfg.HeartbeatTimeout, 500*time.Millisecond)
-	rc.ElectionTimeout = cmp.Or(cfg.ElectionTimeout, 500*time.Millisecond)
-	rc.LeaderLeaseTimeout = rc.HeartbeatTimeout / 2
+	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = timeouts(cmp.Or(cfg.ElectionTimeout, DefaultElectionTimeout))
 	if cfg.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = cfg.SnapshotThreshold
 		rc.TrailingLogs = max(cfg.SnapshotThreshold/2, 64)

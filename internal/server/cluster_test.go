@@ -408,10 +408,10 @@ func TestBackupConfirmsLeadership(t *testing.T) {
 	var followers []*server.Server
 	for _, id := range []string{"n2", "n3"} {
 		cfg := nodeConfig(id, n1.Addr())
-		// A leader notices that it lost its quorum after half of this (its
-		// leader lease): long enough for the test's calls, short enough
-		// that the leader steps down and closes soon after.
-		cfg.ElectionTimeout = 30 * time.Second
+		// A leader notices that it lost its quorum after a quarter of this
+		// (its leader lease): long enough for the test's calls, short
+		// enough that the leader steps down and closes soon after.
+		cfg.ElectionTimeout = time.Minute
 		f := startNodeConfig(t, cfg)
 		await(ctx, t, id+" follows", func() bool {
 			code, _ := get(t, f.Addr(), "/readyz")

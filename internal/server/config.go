@@ -39,8 +39,11 @@ type Config struct {
 	Restore string
 	// Join lists API addresses of cluster members to ask to add this node.
 	Join []string
-	// ElectionTimeout is how long followers wait for the leader before an
-	// election; zero means 500ms.
+	// ElectionTimeout is how long, on average, followers go without
+	// hearing from the leader before they elect another: half of it to
+	// one and a half times it (raftnode's timeouts). Zero means
+	// raftnode.DefaultElectionTimeout, 1s; at least
+	// raftnode.MinElectionTimeout.
 	ElectionTimeout time.Duration
 	// RaftLog is the log store: raftnode.LogWAL or raftnode.LogBolt. Empty
 	// keeps the one the data directory holds, and makes raft-wal in a new
@@ -126,7 +129,9 @@ func DefaultConfig() Config {
 		MinTTL:     100 * time.Millisecond,
 		MaxTTL:     5 * time.Minute,
 		SignTokens: true,
-		MaxWaiters: 1000,
+		// etcd's default, and Raft's 500ms heartbeat timeout (raftnode).
+		ElectionTimeout: raftnode.DefaultElectionTimeout,
+		MaxWaiters:      1000,
 		// About 50 MB of state, and 1000 streams waiting: one leaking client
 		// cannot exhaust the memory of a node, a worker pool can still wait
 		// on many scopes at once.
@@ -162,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if c.RaftLog != "" && c.RaftLog != raftnode.LogBolt && c.RaftLog != raftnode.LogWAL {
 		return fmt.Errorf("raft log %q: want %s or %s, or empty to keep the data directory's", c.RaftLog, raftnode.LogBolt, raftnode.LogWAL)
+	}
+	if err := raftnode.CheckElectionTimeout(c.ElectionTimeout); err != nil {
+		return err
 	}
 	if c.RaftSegmentSize != 0 && (c.RaftSegmentSize < 64<<10 || c.RaftSegmentSize > 1<<30) {
 		return fmt.Errorf("raft segment size %d bytes: want 65536 (64 KiB) to 1073741824 (1 GiB)", c.RaftSegmentSize)

@@ -64,7 +64,7 @@ func startClusterNode(t *testing.T, id string, join []string, edit func(*Config)
 	cfg := DefaultConfig()
 	cfg.NodeID, cfg.DataDir, cfg.Listen, cfg.RaftListen = id, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Bootstrap, cfg.Join = len(join) == 0, join
-	cfg.ElectionTimeout = 2 * time.Second // a loaded machine must not move the leadership
+	cfg.ElectionTimeout = 4 * time.Second // a loaded machine must not move the leadership
 	cfg.NoClockFloor = true               // tokens count from 1 (TestTokenFloor has the floor)
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	edit(&cfg)

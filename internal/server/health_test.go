@@ -34,7 +34,7 @@ func nodeConfig(id string, join ...string) server.Config {
 	cfg.Join = join
 	// Generous, so that a loaded test machine (-race, browsers) does not
 	// move the leadership under the tests' feet.
-	cfg.ElectionTimeout = 2 * time.Second
+	cfg.ElectionTimeout = 4 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	// Tokens count from 1, so tests and pages can name them; the floor is
 	// TestTokenFloor's.

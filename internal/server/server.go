@@ -138,7 +138,6 @@ func Start(cfg Config) (*Server, error) {
 		RaftAdvertise:     cfg.RaftAdvertise,
 		Bootstrap:         cfg.Bootstrap,
 		Restore:           cfg.Restore,
-		HeartbeatTimeout:  cfg.ElectionTimeout,
 		ElectionTimeout:   cfg.ElectionTimeout,
 		SnapshotThreshold: cfg.SnapshotThreshold,
 		SegmentSize:       cfg.RaftSegmentSize,

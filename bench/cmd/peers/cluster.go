@@ -27,7 +27,7 @@ const clusterSize = 3
 type cluster struct {
 	system          string
 	bin             string        // fenced, for a fence cluster
-	electionTimeout time.Duration // heartbeat: a tenth of it, on both systems
+	electionTimeout time.Duration // the same on both systems
 	members         []*member
 }
 

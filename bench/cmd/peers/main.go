@@ -53,7 +53,8 @@
 // it kills the leader with SIGKILL -kills times a run, and measures the
 // time from the kill to the first grant answered by the new leader. Both
 // systems run with the same election timeout (-election-timeout, 1s, etcd's
-// default) and a heartbeat of a tenth of it. Its last line is
+// default); etcd's leader sends a heartbeat every tenth of it, fenced's
+// every twentieth to tenth. Its last line is
 //
 //	ratio failover 16 etcd/fence=1.10
 //

@@ -112,7 +112,7 @@ func printReport(w io.Writer, rep report) {
 	fmt.Fprintf(w, "\nMedians of %d runs of %s per cell; %s cores (%s); disk %s.\n",
 		runs, rep.Settings["time"], rep.Machine["cores"], rep.Machine["cpu"], rep.Machine["disk"])
 	if n := rep.Settings["nodes"]; n != "" {
-		fmt.Fprintf(w, "Each system a cluster of %s nodes on loopback, clients given every address; election timeout %s and heartbeat a tenth of it on both.\n",
+		fmt.Fprintf(w, "Each system a cluster of %s nodes on loopback, clients given every address; election timeout %s on both (heartbeats a tenth of it apart on etcd, a twentieth to a tenth on fence).\n",
 			n, rep.Settings["election_timeout"])
 	}
 	fmt.Fprintln(w)

@@ -186,7 +186,7 @@ func runMain(args []string, cluster bool) error {
 	if cluster {
 		fs.IntVar(&cfg.kills, "kills", 3, "kills of the leader in each run's failover cell, for each system")
 		fs.DurationVar(&cfg.electionTimeout, "election-timeout", time.Second,
-			"both systems' election timeout, their heartbeat a tenth of it (etcd's defaults: 1s and 100ms); a whole number of 10ms")
+			"both systems' election timeout (etcd's default: 1s, heartbeats a tenth of it apart; fenced's go a twentieth to a tenth of it apart); a whole number of 10ms")
 	}
 	workloads := "lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis"
 	systemNames := "fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fence-followed, fenced, plain"

@@ -8,7 +8,7 @@ import { hostname } from "node:os";
 import { basename } from "node:path";
 
 import { FenceError, HeldError, InvalidError, LostError, NotHolderError, UnavailableError } from "./errors.js";
-import { MAX_REPORT, Reporter, type Rejection, type ReporterOptions } from "./report.js";
+import { MAX_REPORT, Reporter, type Rejection, type RejectionReporter, type ReporterOptions } from "./report.js";
 import { watchStream, type WatchOptions, type WatchResponse } from "./watch.js";
 
 const SERVICE = "fence.v1.LeaseService";
@@ -24,6 +24,13 @@ export interface ClientOptions {
    * no leader, in milliseconds (default 10,000). 0 makes a single attempt.
    */
   retryTimeoutMs?: number;
+  /**
+   * Makes the guards of this package (pgAdvance, pgFenced, the redis
+   * writes) send the stale rejections they see for this client's leases to
+   * fenced, through reporter(guard) named after the guard, when the write
+   * gives no reporter of its own, as the Python client does (default true).
+   */
+  reportRejections?: boolean;
 }
 
 /** AcquireOptions configure one acquire. */
@@ -89,6 +96,7 @@ export class Client {
   readonly #retryTimeoutMs: number;
   readonly #leases = new Set<Lease>();
   readonly #reporters = new Map<string, Reporter>();
+  readonly #report: boolean;
   #closed = false;
 
   /**
@@ -110,6 +118,7 @@ export class Client {
       ...(opts.bearer === undefined ? {} : { authorization: `Bearer ${opts.bearer}` }),
     };
     this.#retryTimeoutMs = opts.retryTimeoutMs ?? 10_000;
+    this.#report = opts.reportRejections ?? true;
   }
 
   /**
@@ -158,6 +167,7 @@ export class Client {
       renew: (signal) => this.#call("renew", scope, "Renew", { scope, leaseId: info.leaseId }, signal, 0).then(() => undefined),
       release: () => this.#release(info),
       forget: (l) => this.#leases.delete(l),
+      reporter: (guard) => (this.#report && !this.#closed ? this.reporter(guard) : undefined),
     });
     if (this.#closed) {
       // close() overtook this acquire: it must not outlive the client.
@@ -460,6 +470,7 @@ interface LeaseHooks {
   renew(signal: AbortSignal): Promise<void>;
   release(): Promise<bigint>;
   forget(l: Lease): void;
+  reporter(guard: string): RejectionReporter | undefined;
 }
 
 /**
@@ -547,6 +558,15 @@ export class Lease {
    */
   markLost(reason: unknown): void {
     this.#lose(`marked lost by its holder: ${reason instanceof Error ? reason.message : String(reason)}`);
+  }
+
+  /**
+   * @internal reporterFor is where a guard of this package reports a stale
+   * rejection of this lease's token when the write gave no reporter: the
+   * client's reporter(guard), or nowhere with reportRejections false.
+   */
+  reporterFor(guard: string): RejectionReporter | undefined {
+    return this.#hooks.reporter(guard);
   }
 
   /**

@@ -33,6 +33,11 @@ export interface PgOptions {
    * client.reporter("orders-db")), which sends them to fenced.
    */
   reporter?: RejectionReporter;
+  /**
+   * Names the guard when a Lease's client reports for it, without reporter
+   * (default "postgresql"; ClientOptions.reportRejections).
+   */
+  guard?: string;
 }
 
 // A PostgreSQL identifier fence's installer names: letters, digits,
@@ -65,7 +70,7 @@ export async function pgAdvance(db: Queryable, presented: Presented, seq?: bigin
   try {
     await db.query(`SELECT ${fn}($1::text, $2::bigint, $3::bigint)`, [token.scope, token.value.toString(), (seq ?? 0n).toString()]);
   } catch (err) {
-    throw pgError(err, lease, opts.reporter);
+    throw pgError(err, lease, opts);
   }
 }
 
@@ -92,16 +97,17 @@ export async function pgFenced<T>(db: Queryable, presented: Presented, fn: (db: 
     // the caller can act on (the connection is broken, and the server
     // rolls back anyway).
     await db.query("ROLLBACK").catch(() => undefined);
-    throw pgError(err, lease, opts.reporter);
+    throw pgError(err, lease, opts);
   }
 }
 
 /**
  * pgError turns the guard's SQLSTATEs into this package's errors: FN409
  * (stale, with DETAIL "scope=S presented_token=T highest_token=H ...") and
- * FN400 (a malformed argument). Other errors pass unchanged.
+ * FN400 (a malformed argument). Other errors pass unchanged. A stale write
+ * is reported to opts.reporter, or else through the lease's client.
  */
-function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionReporter | undefined): unknown {
+function pgError(err: unknown, lease: Lease | undefined, opts: PgOptions): unknown {
   if (err instanceof FenceError) return err;
   const e = err as { code?: string; message?: string; detail?: string };
   if (e?.code === "FN400") {
@@ -109,7 +115,7 @@ function pgError(err: unknown, lease: Lease | undefined, reporter: RejectionRepo
   }
   if (e?.code !== "FN409") return err;
   const stale = staleFromFields(e.detail ?? "", lease);
-  report(reporter, stale);
+  report(opts.reporter ?? lease?.reporterFor(opts.guard ?? "postgresql"), stale);
   return stale;
 }
 

@@ -40,6 +40,11 @@ export interface RedisWriteOptions {
    * client.reporter("orders-cache")), which sends it to fenced.
    */
   reporter?: RejectionReporter;
+  /**
+   * Names the guard when a Lease's client reports for it, without reporter
+   * (default "redis"; ClientOptions.reportRejections).
+   */
+  guard?: string;
 }
 
 /**
@@ -73,7 +78,7 @@ async function fcall(redis: RedisLike, fn: string, presented: Presented, keys: s
   try {
     return "call" in redis ? await redis.call("FCALL", ...cmd) : await redis.sendCommand(["FCALL", ...cmd]);
   } catch (err) {
-    throw redisError(err, lease, opts.reporter);
+    throw redisError(err, lease, opts);
   }
 }
 
@@ -81,9 +86,10 @@ async function fcall(redis: RedisLike, fn: string, presented: Presented, keys: s
  * redisError turns the library's error replies into this package's errors:
  * "STALE scope=S presented_token=T highest_token=H presented_seq=Q
  * highest_seq=R" and "ERR fence: ..." (bad arguments). Other errors pass
- * unchanged.
+ * unchanged. A stale write is reported to opts.reporter, or else through
+ * the lease's client.
  */
-function redisError(err: unknown, lease: Lease | undefined, reporter: RejectionReporter | undefined): unknown {
+function redisError(err: unknown, lease: Lease | undefined, opts: RedisWriteOptions): unknown {
   if (err instanceof FenceError) return err;
   const msg = String((err as Error)?.message ?? err);
   if (msg.startsWith("ERR fence: ")) {
@@ -91,7 +97,7 @@ function redisError(err: unknown, lease: Lease | undefined, reporter: RejectionR
   }
   if (!msg.startsWith("STALE ")) return err;
   const stale = staleFromFields(msg, lease);
-  report(reporter, stale);
+  report(opts.reporter ?? lease?.reporterFor(opts.guard ?? "redis"), stale);
   return stale;
 }
 

@@ -194,3 +194,51 @@ test("HTTP middleware and MemoryMarkStore: a stale request is reported once, by 
   assert.deepEqual(rows.map((row) => [row[1], row[2], row[4], row[5]]), [["1", a.token.toString(), b.token.toString(), "ts-orders-api"]]);
   await b.release();
 });
+
+test("a Lease's client reports its guards' stale rejections without a reporter option, as Python's does; not with reportRejections false", { skip: (pgURL === undefined || redisURL === undefined) && "FENCE_TEST_POSTGRES or FENCE_TEST_REDIS is not set" }, async () => {
+  installGuard(pgURL!);
+  installGuard(redisURL!);
+  const db = new pg.Client({ connectionString: pgURL });
+  await db.connect();
+  const r = new Redis(redisURL!, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  await r.connect();
+  const table = `ts_report_default_${run}`;
+  await db.query(`CREATE TABLE ${table} (id int PRIMARY KEY, owner text NOT NULL)`);
+  const scopes = ["pg", "redis", "pg-quiet", "redis-quiet"].map((s) => `ts/report-default-${s}/${run}`);
+  const quiet = new Client(fenced.url, { holder: "ts-report-quiet", reportRejections: false });
+  after(async () => {
+    await quiet.close();
+    await db.query(`DROP TABLE ${table}`);
+    await db.end();
+    await r.del(...scopes.flatMap((s) => [`fence:{${s}}`, dataKey(s, "owner")]));
+    await r.quit();
+  });
+  const write = (owner: string) => (tx: pg.Client | any) =>
+    tx.query(`INSERT INTO ${table} VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = excluded.owner`, [owner]);
+
+  /** stale takes the scope from a lease of c and has that lease's write refused by both guards' kind. */
+  const stale = async (c: Client, scope: string, guard: "pg" | "redis") => {
+    const a = await c.acquire(scope, { ttl: 30_000 });
+    const put = (l: Lease, v: string) => (guard === "pg" ? pgFenced(db, l, write(v)) : redisSet(r, l, dataKey(scope, "owner"), v, [], { guard: "ts-cache" }));
+    await put(a, "a");
+    const b = await takeOver(a);
+    await put(b, "b");
+    await assert.rejects(put(a, "a, late"), StaleError);
+    await b.release();
+    return { a, b };
+  };
+
+  const pgRun = await stale(client, scopes[0]!, "pg");
+  const redisRun = await stale(client, scopes[1]!, "redis");
+  await stale(quiet, scopes[2]!, "pg");
+  await stale(quiet, scopes[3]!, "redis");
+  await client.reporter("postgresql").flush();
+  await client.reporter("ts-cache").flush();
+  await quiet.close(); // sends whatever its reporters hold: there must be none
+
+  const row = async (scope: string) => (await reportedOnStatusPage(fenced.url, scope)).map((x) => [x[1], x[2], x[4], x[5]]);
+  assert.deepEqual(await row(scopes[0]!), [["1", pgRun.a.token.toString(), pgRun.b.token.toString(), "postgresql"]], "named after the guard by default");
+  assert.deepEqual(await row(scopes[1]!), [["1", redisRun.a.token.toString(), redisRun.b.token.toString(), "ts-cache"]], "named by the guard option");
+  assert.deepEqual(await row(scopes[2]!), [], "reportRejections: false reports nothing");
+  assert.deepEqual(await row(scopes[3]!), [], "reportRejections: false reports nothing");
+});
