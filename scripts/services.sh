@@ -22,8 +22,8 @@
 # checkout that started them).
 #
 # The S3 server is SeaweedFS's weed, which Debian does not package: the
-# first start builds it from the Go module proxy (about 10 minutes on 2
-# cores, at the lowest CPU priority) into
+# first start builds it from the Go module proxy (8 minutes on 2 idle
+# cores, 23 on 2 busy ones; at the lowest CPU priority) into
 # ${XDG_CACHE_HOME:-~/.cache}/fence/seaweedfs-<version>/weed, which every
 # later start, and every checkout on the machine, reuses. FENCE_WEED names a
 # weed binary to use instead.
@@ -647,7 +647,7 @@ require github.com/seaweedfs/seaweedfs $SEAWEEDFS_VERSION
 
 replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
 EOF
-	log "s3: building SeaweedFS's weed $SEAWEEDFS_VERSION from the Go module proxy, once for this machine (about 10 minutes on 2 cores; log: $mod/build.log)"
+	log "s3: building SeaweedFS's weed $SEAWEEDFS_VERSION from the Go module proxy, once for this machine (8 to 25 minutes on 2 cores; log: $mod/build.log)"
 	if ! (cd "$mod" && export GOFLAGS=-p=1 GOWORK=off &&
 		timeout "$BUILD_SECS" nice -n 19 go get github.com/seaweedfs/seaweedfs/weed@"$SEAWEEDFS_VERSION" &&
 		timeout "$BUILD_SECS" nice -n 19 go build -trimpath -ldflags='-s -w' -o "$mod/weed" github.com/seaweedfs/seaweedfs/weed
