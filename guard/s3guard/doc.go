@@ -73,10 +73,15 @@
 //
 // A write costs three requests (four when it replaces an object, whose
 // old data it deletes), and a read two. All writes of a scope are ordered
-// by its one mark object: writes of one scope are serial, at the rate one
-// conditional PUT of the mark allows (tens to hundreds a second on S3);
-// many scopes write in parallel. The mark lists the scope's objects and
-// is rewritten by each write, so keep a scope to a few thousand objects.
+// by its one mark object: writes of one scope are serial, one per four
+// request times or so, and many scopes write in parallel. Measured
+// (BenchmarkPut, SeaweedFS on loopback, a busy 2-core machine), a 4 KiB
+// put took 11 to 15 ms through the guard and 3 to 5 ms plain, about 3
+// times as long, so one scope took 70 to 90 writes a second; against S3
+// over a network, where a request takes tens of milliseconds, expect
+// about ten a second per scope (an estimate, not measured here). The
+// mark lists the scope's objects and is rewritten by each write, so keep
+// a scope to a few thousand objects.
 //
 // Store's Fence cannot undo an apply that another process's newer write
 // overtook; it reports it afterwards (ErrSuperseded). Give it only applies
