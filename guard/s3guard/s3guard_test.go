@@ -367,3 +367,39 @@ func TestRace(t *testing.T) {
 		t.Errorf("%d data objects left, want 1: %q", len(data), data)
 	}
 }
+
+// TestForeignKeyInMark: a mark edited by hand to name another scope's
+// data, or a key outside the guard's prefix, never makes a write delete
+// that data when it replaces the name.
+func TestForeignKeyInMark(t *testing.T) {
+	ctx := context.Background()
+	api, bucket, prefix := testS3(t)
+	g := s3guard.New(api, bucket, quiet, s3guard.WithPrefix(prefix))
+	if err := g.Put(ctx, w("other", 1, 0), "data", []byte("other's")); err != nil {
+		t.Fatal(err)
+	}
+	theirs := keys(t, api, bucket, prefix+"data/")
+	outside := prefix + "elsewhere"
+	if _, err := api.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &outside, Body: strings.NewReader("outside")}); err != nil {
+		t.Fatal(err)
+	}
+	mark := fmt.Sprintf(`{"token":"1","seq":"0","commit":"x","objects":{"a":%q,"b":%q}}`, theirs[0], outside)
+	key := g.MarkKey("mine")
+	if _, err := api.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: strings.NewReader(mark)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if err := g.Put(ctx, w("mine", 2, 0), name, []byte("mine")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Delete(ctx, w("mine", 2, 0), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := g.Get(ctx, "other", "data"); err != nil || string(got) != "other's" {
+		t.Fatalf("the other scope's object: %q, %v", got, err)
+	}
+	if _, err := api.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &bucket, Key: &outside}); err != nil {
+		t.Fatalf("the object outside the data prefix: %v", err)
+	}
+}
