@@ -245,6 +245,30 @@ class Marks:
         fence.redis_set(self.r, token_text, fence.data_key(scope, "v"), token_text)
 
 
+class Gated:
+    """Gated is a store whose advances wait for gate, counting the marks
+    each call carried."""
+
+    def __init__(self, store):
+        self.store = store
+        self.calls = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def advance(self, scope, token):
+        return self.advance_many([(scope, token)])[0]
+
+    def advance_many(self, marks):
+        self.calls.append(len(marks))
+        self.entered.set()
+        if not self.gate.wait(20):
+            raise AssertionError("the gate never opened")
+        return self.store.advance_many(marks)
+
+    def scopes(self, prefix):
+        return self.store.scopes(prefix)
+
+
 class TestFollower(unittest.TestCase):
     def setUp(self):
         self.m = Marks(self)
@@ -356,6 +380,80 @@ class TestFollower(unittest.TestCase):
         self.assertTrue(f.wait_caught_up(10))
         self.assertEqual(f.lag(), 0.0)
         self.assertIsNone(f.last_store_error)
+
+    def test_advance_many_answers_each_mark_and_never_moves_one_back(self):
+        p = f"py/many/{RUN}/"
+        pg = fence.PgMarks(self.m.pg_url)
+        self.addCleanup(pg.close)
+        high = (1 << 62) + 5
+        self.m.write_pg(f"fence:v1:{p}high:{high}")
+        self.m.write_redis(f"fence:v1:{p}high:{high}")
+        for name, store, read in (("postgresql", pg, self.m.pg), ("redis", fence.RedisMarks(self.m.r), self.m.redis)):
+            with self.subTest(store=name):
+                marks = [(p + "high", 7), (p + "a", 3), (p + "b", 5), (p + "a2", 9)]
+                self.assertEqual(store.advance_many(marks), [False, True, True, True])
+                self.assertEqual([read(s) for s, _ in marks], [high, 3, 5, 9])
+                self.assertEqual(store.advance_many([(p + "a", 2), (p + "b", 5)]), [False, True], "at the mark: accepted, unchanged")
+                self.assertEqual(store.advance_many([]), [])
+                for bad in ([(p + "c", 4), (p + "d", 0)], [(p + "c", 4), (p + "d", 1 << 63)]):
+                    with self.assertRaises(InvalidError):
+                        store.advance_many(bad)
+                    self.assertEqual((read(p + "c"), read(p + "d")), (0, 0), "bad input changes nothing")
+        with self.assertRaises(InvalidError):
+            pg.advance_many([(p + "c", 4), (p + "c", 5)])
+        self.assertEqual(self.m.pg(p + "c"), 0)
+
+    def test_advance_many_when_a_writer_moves_a_mark_past_meanwhile(self):
+        """A writer's uncommitted advance holds a scope's row when the batch
+        reads it: the batch's advance waits, finds the mark past when the
+        writer commits (FN409), and each mark goes again on its own."""
+        import psycopg2
+
+        p = f"py/raced/{RUN}/"
+        app = f"fence-many-{RUN}"
+        pg = fence.PgMarks(lambda: psycopg2.connect(self.m.pg_url, application_name=app))
+        self.addCleanup(pg.close)
+        writer = psycopg2.connect(self.m.pg_url)
+        self.addCleanup(writer.close)
+        self.assertTrue(pg.advance(p + "raced", 3))
+        with writer.cursor() as cur:
+            cur.execute("SELECT fence_advance(%s::text, 100::bigint, 0::bigint)", (p + "raced",))
+        out: "queue.Queue" = queue.Queue()
+        t = threading.Thread(target=lambda: out.put(pg.advance_many([(p + "other", 4), (p + "raced", 50)])), daemon=True)
+        t.start()
+
+        def waiting() -> bool:
+            with self.m.db.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'", (app,))
+                return cur.fetchone()[0] == 1
+
+        until("the batch waiting for the writer's row", waiting)
+        writer.commit()
+        self.assertEqual(out.get(timeout=20), [True, False])
+        self.assertEqual((self.m.pg(p + "other"), self.m.pg(p + "raced")), (4, 100))
+
+    def test_the_marks_that_came_while_the_store_was_busy_go_in_one_batch(self):
+        """The store's first advance is held until twenty more grants wait:
+        they go in one advance_many call (one transaction, one pipeline),
+        as Go's follower advances several scopes at once, not twenty."""
+        pg = fence.PgMarks(self.m.pg_url)
+        self.addCleanup(pg.close)
+        for name, store, read in (("postgresql", pg, self.m.pg), ("redis", fence.RedisMarks(self.m.r), self.m.redis)):
+            with self.subTest(store=name):
+                p = f"py/batch/{RUN}/{name}/"
+                gated = Gated(store)
+                self.addCleanup(gated.gate.set)
+                f = self.follow(self.client, gated, p)
+                tokens = {p + "0": grant(F, p + "0")[0]}
+                self.assertTrue(gated.entered.wait(20), "the first grant's advance never came")
+                for i in range(1, 21):
+                    tokens[p + str(i)] = grant(F, p + str(i))[0]
+                until("twenty marks waiting behind the first", lambda: len(f._pending) == 20)
+                gated.gate.set()
+                self.assertTrue(f.wait_caught_up(20))
+                self.assertEqual(gated.calls, [1, 20])
+                self.assertEqual(f.advanced, 21)
+                self.assertEqual({s: read(s) for s in tokens}, tokens)
 
     def test_resumes_within_a_term_and_across_a_restart_of_fenced(self):
         g = Fenced().start()

@@ -16,11 +16,12 @@ nothing.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import FenceError, InvalidError, MissedEventsError
 from .token import MAX_TOKEN
@@ -36,6 +37,12 @@ log = logging.getLogger("fence.follow")
 # Final: retrying cannot mend them.
 _FATAL = ("invalid_argument", "permission_denied", "unauthenticated")
 
+# The most marks one advance_many call carries: as many as one of fenced's
+# batch calls, enough that a store's round trip and commit are shared by a
+# busy service's grants, few enough that a batch the store fails costs
+# little to send again.
+_BATCH = 256
+
 
 class MarkStore:
     """MarkStore is what a Follower needs of a guard's store (PgMarks,
@@ -46,13 +53,19 @@ class MarkStore:
     past it already, with the rule writers obey (the check and the record in
     one step), and returns True if the mark is now token, False if it was
     past it; it raises when the store failed, and is then retried.
-    scopes(prefix), optional, lists the scopes under prefix that have a
+    advance_many(marks), optional, does the same for a list of (scope,
+    token) pairs of distinct scopes at once (one round trip, one commit)
+    and returns their answers in order; when it raises, all of them are
+    retried. scopes(prefix), optional, lists the scopes under prefix that have a
     mark: the follower reads their state from the service when it starts,
     so that a lease that ended while no follower ran is closed there too.
     """
 
     def advance(self, scope: str, token: int) -> bool:  # pragma: no cover - documentation
         raise NotImplementedError
+
+    def advance_many(self, marks: Sequence[Tuple[str, int]]) -> List[bool]:  # pragma: no cover - documentation
+        return [self.advance(s, t) for s, t in marks]
 
     def scopes(self, prefix: str) -> Iterable[str]:  # pragma: no cover - documentation
         return ()
@@ -66,6 +79,10 @@ class Follower:
 
     - It coalesces: a scope's mark is advanced once to the highest token it
       has heard of, however many events came meanwhile.
+    - It batches: the marks that came while the store was busy go in one
+      advance_many call, up to 256, oldest first, where the store has one
+      (PgMarks and RedisMarks do: one transaction, one pipeline), as Go's
+      follower advances several scopes at once; else one at a time.
     - An advance the store fails (a dropped connection, a restarted server)
       is retried every retry_interval seconds (0.1, with jitter), never
       dropped, merged with what came since.
@@ -101,6 +118,9 @@ class Follower:
         self.prefix = prefix
         self.retry_interval = retry_interval
         self._read_store_scopes = read_store_scopes and callable(getattr(store, "scopes", None))
+        self._advance_many = getattr(store, "advance_many", None)
+        if not callable(self._advance_many):
+            self._advance_many = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: Dict[str, Tuple[int, float]] = {}   # scope → (token, since when) not yet applied
@@ -378,34 +398,44 @@ class Follower:
 
     def _apply_loop(self) -> None:
         """_apply_loop records the pending marks in the store, oldest first,
-        one at a time; a failed advance goes back in line after a pause."""
+        a batch at a time (one mark at a time for a store without
+        advance_many); the marks of a failed advance go back in line after a
+        pause."""
         while True:
             with self._lock:
                 while not self._pending and not self._stop.is_set():
                     self._wake.wait()
                 if self._stop.is_set():
                     return
-                scope = min(self._pending, key=lambda s: self._pending[s][1])
-                m = self._pending.pop(scope)
-                self._inflight[scope] = m
+                n = _BATCH if self._advance_many is not None else 1
+                scopes = heapq.nsmallest(n, self._pending, key=lambda s: self._pending[s][1])
+                batch = [(scope, self._pending.pop(scope)) for scope in scopes]
+                self._inflight.update(batch)
             err: Optional[BaseException] = None
             try:
-                self.store.advance(scope, m[0])
+                if self._advance_many is not None:
+                    self._advance_many([(scope, m[0]) for scope, m in batch])
+                else:
+                    self.store.advance(batch[0][0], batch[0][1][0])
             except Exception as e:
                 err = e
             with self._lock:
-                del self._inflight[scope]
+                for scope, m in batch:
+                    del self._inflight[scope]
+                    if err is not None:
+                        p = self._pending.get(scope)
+                        # Back in line, merged with what came meanwhile; the
+                        # oldest wait counts.
+                        self._pending[scope] = (max(m[0], p[0]) if p else m[0], m[1])
                 if err is None:
-                    self._advanced += 1
+                    self._advanced += len(batch)
                     self.last_store_error = None
                 else:
                     self.last_store_error = err
-                    p = self._pending.get(scope)
-                    # Back in line, merged with what came meanwhile; the
-                    # oldest wait counts.
-                    self._pending[scope] = (max(m[0], p[0]) if p else m[0], m[1])
             if err is not None:
                 if self._stop.is_set():
                     return
-                log.warning("follow %r: could not advance %r to %d; retrying: %s", self.prefix, scope, m[0], err)
+                scope, m = batch[0]
+                more = f" and {len(batch) - 1} other scopes" if len(batch) > 1 else ""
+                log.warning("follow %r: could not advance %r to %d%s; retrying: %s", self.prefix, scope, m[0], more, err)
                 self._stop.wait(self.retry_interval * (1 + random.random()))

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from .errors import FenceError, InvalidError, StaleError
+from .token import MAX_TOKEN
 from ._presented import Presented, presented_token, stale_from_fields
 
 if TYPE_CHECKING:
@@ -240,6 +241,44 @@ class PgMarks:
             return True
 
         return self._run(run)
+
+    def advance_many(self, marks: Sequence[Tuple[str, int]]) -> List[bool]:
+        """advance_many advances each (scope, token) of marks, distinct
+        scopes, as advance does, in one statement and one transaction, so a
+        follower's batch costs one round trip and one commit: the answers in
+        order. The scopes whose mark is past their token are left out of
+        the statement, so that none of them aborts it; a writer that moves
+        one past between that read and the advance does abort it (FN409),
+        and then each goes in a transaction of its own."""
+        if not marks:
+            return []
+        if len({s for s, _ in marks}) != len(marks):
+            raise InvalidError("marks", "advance_many takes each scope once")
+        for s, t in marks:
+            if not 1 <= int(t) <= MAX_TOKEN:
+                raise InvalidError("token", f"advance {s!r} to {t!r}: a token is from 1 to 2^63-1")
+        scopes = [s for s, _ in marks]
+        tokens = [int(t) for _, t in marks]
+
+        def run(cur: Any) -> List[bool]:
+            # In the order given, one scope's row lock at a time, with the
+            # writers' check: a scope whose mark is past is not called.
+            cur.execute(
+                f"SELECT m.s, {self._fn}(m.s, m.t, 0::bigint) FROM unnest(%s::text[], %s::bigint[]) AS m(s, t) "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {self._table} f WHERE f.scope = m.s AND f.token > m.t)",
+                (scopes, tokens),
+            )
+            done = {r[0] for r in cur.fetchall()}
+            return [s in done for s in scopes]
+
+        try:
+            return self._run(run)
+        except Exception as err:
+            if getattr(err, "pgcode", None) == "FN400":
+                raise InvalidError("token", f"advance {len(marks)} marks: {err}") from err
+            if getattr(err, "pgcode", None) != "FN409":
+                raise
+        return [self.advance(s, t) for s, t in zip(scopes, tokens)]
 
     def scopes(self, prefix: str) -> List[str]:
         """scopes lists the scopes under prefix that have a mark."""
