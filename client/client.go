@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -540,15 +539,16 @@ func (c *Client) List(ctx context.Context, prefix string) ([]fence.Lease, error)
 // reason other than the service being unavailable, ctx ends, or the
 // client's retry budget runs out. After each failure that says the node is
 // unavailable the client moves on to the next address, so the retry, and
-// every later call, goes there. Backoff is exponential with full jitter,
-// from 20ms to 1s, and one budget covers all the addresses tried. Errors
-// come back as fence's errors. Each try is one attempt.
+// every later call, goes there. The pauses between attempts are a pacer's
+// (from 20ms to 100ms, none after a refused connection), and one budget
+// covers all the addresses tried. Errors come back as fence's errors. Each
+// try is one attempt.
 func retry[T any](ctx context.Context, c *Client, f func(context.Context, *service) (T, error)) (T, error) {
 	give := time.Now().Add(c.cfg.retryTimeout)
-	backoff := 20 * time.Millisecond
+	var p pacer
 	for {
 		i := c.cur.Load()
-		v, err := attempt(ctx, c, &c.nodes[i], f)
+		v, refused, err := attempt(ctx, c, &c.nodes[i], f)
 		if err == nil {
 			return v, nil
 		}
@@ -558,9 +558,12 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 		// Only the call that saw the failure moves on: concurrent calls
 		// failing on the same node must not skip the next one.
 		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
-		sleep := rand.N(backoff) + time.Millisecond
+		sleep := p.next(refused, len(c.nodes))
 		if time.Now().Add(sleep).After(give) {
 			return v, err
+		}
+		if sleep == 0 {
+			continue
 		}
 		t := time.NewTimer(sleep)
 		select {
@@ -569,7 +572,6 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 			return v, err
 		case <-t.C:
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -579,8 +581,9 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 // transport.go). A call whose own connection broke before it was answered
 // goes again, at once, over the shared one: fenced closes a connection
 // beyond its limits as it accepts it, and a node that crashed fails the
-// second try as it did the first.
-func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Context, *service) (T, error)) (T, error) {
+// second try as it did the first. refused reports that the node refused
+// the connection.
+func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Context, *service) (T, error)) (_ T, refused bool, _ error) {
 	s := &n.shared
 	if c.own != c.shared && n.conns.take() {
 		s = &n.own
@@ -600,11 +603,11 @@ func attempt[T any](ctx context.Context, c *Client, n *node, f func(context.Cont
 	}
 	switch {
 	case err == nil:
-		return v, nil
+		return v, false, nil
 	case actx.Err() != nil && ctx.Err() == nil:
-		return v, context.Cause(actx) // the node failed a liveness probe
+		return v, false, context.Cause(actx) // the node failed a liveness probe
 	}
-	return v, transient(ctx, err)
+	return v, refusedConn(err), transient(ctx, err)
 }
 
 // broken reports whether err says the call's connection failed while ctx

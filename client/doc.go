@@ -144,9 +144,10 @@
 // # Retries
 //
 // Every call is retried while the service is unreachable or has no leader
-// ([fence.ErrUnavailable]), with exponential backoff and jitter, until it
-// succeeds, its context ends, or [WithRetryTimeout] (10s by default)
-// passes. Retries of one acquire carry the same request ID, so the service
+// ([fence.ErrUnavailable]), with exponential backoff and jitter (20ms
+// doubling to 100ms, so that a call finds a new leader soon after it
+// serves), until it succeeds, its context ends, or [WithRetryTimeout]
+// (10s by default) passes. Retries of one acquire carry the same request ID, so the service
 // answers a retry with the grant of an earlier attempt instead of issuing a
 // second token. [WithRequestID] sets the ID, so that a caller's own retry
 // of an acquire is recognised as well: while that grant is current the
@@ -186,7 +187,8 @@
 // address at a time, the first at the start. When a call finds that node
 // unavailable (refused or reset connections, answers cut off, or a node
 // that knows no leader), the client moves to the next address in the list,
-// wrapping around, and retries there after the usual backoff; it stays on
+// wrapping around, and retries there after the usual backoff (at once
+// after a refused connection, once around the list); it stays on
 // the new address for later calls, including the renewals of every
 // [Lease]. The retry budget of [WithRetryTimeout] is for the whole call,
 // across every address it tries: with a budget of 0 a call makes one

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"math/rand/v2"
 	"time"
 
 	"connectrpc.com/connect"
@@ -173,7 +172,7 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 	defer cancel(nil)
 	defer context.AfterFunc(c.life, func() { cancel(fmt.Errorf("%w: the watch ended with it", fence.ErrClosed)) })()
 	pos := from
-	backoff := 20 * time.Millisecond
+	var p pacer
 	give := time.Now().Add(c.cfg.retryTimeout)
 	for {
 		i := c.cur.Load()
@@ -182,7 +181,7 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 			first := held
 			for stream.Receive() {
 				// A connection that answers starts the retry budget afresh.
-				backoff, give = 20*time.Millisecond, time.Now().Add(c.cfg.retryTimeout)
+				p, give = pacer{}, time.Now().Add(c.cfg.retryTimeout)
 				resp := stream.Msg()
 				if !f(first, resp) {
 					stream.Close()
@@ -196,12 +195,13 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 			err = stream.Err()
 			stream.Close()
 		}
+		refused := false
 		if err == nil {
 			// The service ended the stream without an error, which it
 			// does not do: treat it as a broken connection.
 			err = fmt.Errorf("%w: the watch stream ended", fence.ErrUnavailable)
 		} else {
-			err = transient(ctx, err)
+			refused, err = refusedConn(err), transient(ctx, err)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
@@ -210,9 +210,12 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 			return fmt.Errorf("watch %q: %w", prefix, err)
 		}
 		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
-		sleep := rand.N(backoff) + time.Millisecond
+		sleep := p.next(refused, len(c.nodes))
 		if time.Now().Add(sleep).After(give) {
 			return fmt.Errorf("watch %q: %w", prefix, err)
+		}
+		if sleep == 0 {
+			continue
 		}
 		t := time.NewTimer(sleep)
 		select {
@@ -221,6 +224,5 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 			return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
 		case <-t.C:
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }

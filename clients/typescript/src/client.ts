@@ -323,7 +323,7 @@ export class Client {
           throw wrap(op, scope, err);
         }
         await delay(sleep, signal);
-        backoff = Math.min(2 * backoff, 1000);
+        backoff = Math.min(2 * backoff, 100); // as the Go client: a new leader is found soon after it serves
       }
     }
   }

@@ -551,7 +551,7 @@ class Client:
                 if time.monotonic() + sleep > give_up:
                     raise _wrap(op, scope, err) from None
                 time.sleep(sleep)
-                backoff = min(2 * backoff, 1.0)
+                backoff = min(2 * backoff, 0.1)  # as the Go client: a new leader is found soon after it serves
                 attempt += 1
             except FenceError as err:
                 raise _wrap(op, scope, err) from None

@@ -232,7 +232,7 @@ class Watch:
                     raise _wrap("watch", self.prefix, err) from None
                 if self._closed.wait(sleep):
                     return
-                backoff = min(2 * backoff, 1.0)
+                backoff = min(2 * backoff, 0.1)
             except FenceError as err:
                 if self._closed.is_set():
                     return
