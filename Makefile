@@ -58,7 +58,7 @@ test-ts: services ## the TypeScript client and guards (clients/typescript): npm 
 	  npm ci --no-audit --no-fund --prefer-offline && npm test
 
 # Debian's own interpreter, which make services gives python3-cryptography,
-# python3-psycopg2 and python3-redis: a python3 earlier on PATH (pyenv, a
+# python3-psycopg2, python3-pymysql and python3-redis: a python3 earlier on PATH (pyenv, a
 # venv) may lack them.
 PYTHON ?= /usr/bin/python3
 

@@ -327,11 +327,11 @@ resolve_binaries() {
 	# python3 earlier on PATH (pyenv, a venv) may not be.
 	local mod
 	# (No setuptools or wheel: the client's build backend needs neither.)
-	local -A pkg_of=([venv]=python3-venv [cryptography]=python3-cryptography [psycopg2]=python3-psycopg2 [redis]=python3-redis)
+	local -A pkg_of=([venv]=python3-venv [cryptography]=python3-cryptography [psycopg2]=python3-psycopg2 [pymysql]=python3-pymysql [redis]=python3-redis)
 	if [[ ! -x /usr/bin/python3 ]]; then
 		MISSING+=(python3)
 	fi
-	for mod in venv cryptography psycopg2 redis; do
+	for mod in venv cryptography psycopg2 pymysql redis; do
 		if [[ ! -x /usr/bin/python3 ]] || ! /usr/bin/python3 -c "import $mod" 2>/dev/null; then
 			MISSING+=("${pkg_of[$mod]}")
 		fi

@@ -1,17 +1,19 @@
-"""The PostgreSQL and Redis guards, through fence's guard inside each
-(installed with fencectl guard install), with leases of a real fenced,
-through psycopg2 and redis-py. They need make services' servers
-(FENCE_TEST_POSTGRES, FENCE_TEST_REDIS) and Debian's python3-psycopg2 and
-python3-redis: without them the tests skip, under CI=true they fail."""
+"""The PostgreSQL, MySQL (MariaDB) and Redis guards, through fence's guard
+inside each (installed with fencectl guard install), with leases of a real
+fenced, through psycopg2, PyMySQL and redis-py. They need make services'
+servers (FENCE_TEST_POSTGRES, FENCE_TEST_MYSQL, FENCE_TEST_REDIS) and
+Debian's python3-psycopg2, python3-pymysql and python3-redis: without them
+the tests skip, under CI=true they fail."""
 
 import os
+import re
 import unittest
 import urllib.parse
 
 from support import Fenced, install_guard, needs, until
 
 import fence
-from fence import Client, InvalidError, LostError, StaleError, Token, data_key, mark_key
+from fence import Client, FenceError, InvalidError, LostError, StaleError, Token, data_key, mark_key
 
 F: Fenced
 RUN = os.urandom(4).hex()  # the servers are shared with other runs: every scope is new
@@ -255,6 +257,163 @@ class TestRedis(Guarded):
         self.assertEqual(rep.pending(), 1)
         rep.close(10)
         until("reported", lambda: self.reported() == before + 1)
+
+
+
+def mysql_server():
+    """mysql_server returns make services' MariaDB as PyMySQL's connect
+    arguments and as the mysql:// URL fencectl guard install takes, from
+    FENCE_TEST_MYSQL (Go's form, USER:PASS@tcp(HOST:PORT)/DB)."""
+    dsn = needs("FENCE_TEST_MYSQL", "pymysql")
+    m = re.fullmatch(r"([^:@]*)(?::([^@]*))?@tcp\(([^:)]+):(\d+)\)/([^?]*)(?:\?.*)?", dsn)
+    if m is None:
+        raise AssertionError(f"FENCE_TEST_MYSQL={dsn!r} is not USER:PASS@tcp(HOST:PORT)/DB")
+    user, password, host, port, db = m.group(1), m.group(2) or "", m.group(3), int(m.group(4)), m.group(5)
+    url = f"mysql://{urllib.parse.quote(user)}:{urllib.parse.quote(password)}@{host}:{port}/{db}"
+    return dict(user=user, password=password, host=host, port=port, database=db), url
+
+
+class TestMySQL(Guarded):
+    def setUp(self):
+        super().setUp()
+        self.args, url = mysql_server()
+        import pymysql
+
+        install_guard(url)
+        self.db = pymysql.connect(**self.args)
+        self.addCleanup(self.db.close)
+
+    def sql(self, text, args=None):
+        with self.db.cursor() as cur:
+            cur.execute(text, args)
+            rows = cur.fetchall()
+        self.db.commit()
+        return rows
+
+    def table(self, name, columns="id int PRIMARY KEY, owner text NOT NULL"):
+        t = f"py_{name}_{RUN}"
+        self.sql(f"CREATE TABLE {t} ({columns}) ENGINE=InnoDB")
+        self.addCleanup(self.sql, f"DROP TABLE {t}")
+        return t
+
+    def test_a_superseded_holders_write_is_refused_rolled_back_and_reported(self):
+        t = self.table("orders")
+
+        def write(owner):
+            return lambda cur: cur.execute(f"INSERT INTO {t} VALUES (1, %s) ON DUPLICATE KEY UPDATE owner = VALUES(owner)", (owner,))
+
+        a = self.client.acquire(f"py/mysql/{RUN}", ttl=30)
+        fence.mysql_fenced(self.db, a, write("a"))
+        b = self.take_over(a)
+        fence.mysql_fenced(self.db, b, write("b"))
+        self.assertFalse(a.lost.is_set(), "a does not know yet")
+
+        before = self.reported()
+        with self.assertRaises(StaleError) as cm:
+            fence.mysql_fenced(self.db, a, write("a, late"))
+        self.assertStale(cm, a.token, b.token)
+        self.assertEqual(cm.exception.scope, f"py/mysql/{RUN}")
+        self.assertTrue(a.lost.is_set(), "a stale answer marks the lease lost")
+        self.assertFalse(self.db.server_status & 1, "rolled back: no transaction left open")
+        self.assertEqual(self.sql(f"SELECT owner FROM {t}"), (("b",),), "the late write was not made")
+        with self.assertRaises(LostError):
+            fence.mysql_fenced(self.db, a, write("again"))  # a lost lease does not even try
+        self.client.reporter("mysql").flush(10)
+        self.assertEqual(self.reported(), before + 1, "the client reported the rejection to fenced")
+
+        got = fence.mysql_fenced(self.db, b, lambda cur: (write("b2")(cur), "done")[1])
+        self.assertEqual(got, "done")
+        with self.assertRaises(StaleError):
+            fence.mysql_fenced(self.db, a.token_text, write("a, later"))
+        self.assertEqual(self.sql(f"SELECT owner FROM {t}"), (("b2",),))
+
+        # mysql_advance in a transaction of the caller's, which must roll back.
+        with self.db.cursor() as cur:
+            cur.execute("START TRANSACTION")
+            with self.assertRaises(StaleError):
+                fence.mysql_advance(cur, a.token_text)
+        self.db.rollback()
+        self.db.begin()
+        with self.assertRaises(FenceError):
+            fence.mysql_fenced(self.db, b, write("inside"))  # START TRANSACTION would commit the open one
+        self.db.rollback()
+        b.release()
+
+    def test_sequences_big_values_long_scopes_and_malformed_writes(self):
+        def tok(value, scope=f"py/mysql-seq/{RUN}"):
+            return Token(1, scope, value)
+
+        def advance(t, seq=0):
+            with self.db.cursor() as cur:
+                try:
+                    cur.execute("START TRANSACTION")
+                    fence.mysql_advance(cur, t, seq)
+                    self.db.commit()
+                finally:
+                    self.db.rollback()
+
+        advance(tok(9007199254740993), 5)
+        advance(tok(9007199254740993), 5)  # an equal sequence passes
+        with self.assertRaises(StaleError) as cm:
+            advance(tok(9007199254740993), 4)
+        self.assertStale(cm, 9007199254740993, 9007199254740993, (4, 5))
+        with self.assertRaises(StaleError) as cm:
+            advance(tok(9007199254740992))
+        self.assertStale(cm, 9007199254740992, 9007199254740993)
+        advance(tok(fence.MAX_TOKEN))
+        # MySQL keeps 128 characters of the message, the scope last.
+        long = f"py/mysql-long/{RUN}/" + "x" * 200
+        advance(tok(7, long))
+        with self.assertRaises(StaleError) as cm:
+            advance(tok(6, long))
+        self.assertStale(cm, 6, 7)
+        self.assertEqual(cm.exception.scope, long)
+        with self.assertRaises(InvalidError):
+            advance(tok(1, "bad scope"))  # FN400
+        with self.assertRaises(InvalidError):
+            fence.mysql_advance(self.db, "fence:v1:x:1", seq=-1)
+
+    def test_a_row_trigger_refuses_a_lower_token(self):
+        t = self.table("rows", "id int PRIMARY KEY, owner text NOT NULL, fence_token bigint NOT NULL")
+        self.sql(f"CREATE TRIGGER {t}_fence BEFORE UPDATE ON {t} FOR EACH ROW CALL fence_row_token('{t}', OLD.fence_token, NEW.fence_token)")
+        scope = f"py/mysql-row/{RUN}"
+        fence.mysql_fenced(self.db, f"fence:v1:{scope}:9", lambda cur: cur.execute(f"INSERT INTO {t} VALUES (1, 'nine', 9)"))
+        with self.assertRaises(StaleError) as cm:
+            # Another scope's mark lets it through; the row's token does not.
+            fence.mysql_fenced(self.db, f"fence:v1:{scope}-other:8", lambda cur: cur.execute(f"UPDATE {t} SET owner = 'eight', fence_token = 8"))
+        self.assertStale(cm, 8, 9)
+        self.assertEqual(cm.exception.scope, t, "the trigger names its own scope")
+        self.assertEqual(self.sql(f"SELECT owner FROM {t}"), (("nine",),))
+
+    def test_a_bad_database_is_refused_before_any_query(self):
+        class Recorder:
+            server_status = 0
+
+            def __init__(self):
+                self.texts = []
+
+            def cursor(self):
+                return self
+
+            def execute(self, text, args=None):
+                self.texts.append(text)
+
+            def commit(self):
+                pass
+
+            def close(self):
+                pass
+
+        for database in ("", "fence.x", "fence`; DROP TABLE fence_tokens; --", "a" * 65, "fen ce"):
+            db = Recorder()
+            with self.assertRaises(InvalidError, msg=database):
+                fence.mysql_advance(db, "fence:v1:orders:42", database=database)
+            with self.assertRaises(InvalidError, msg=database):
+                fence.mysql_fenced(db, "fence:v1:orders:42", lambda cur: None, database=database)
+            self.assertEqual(db.texts, [], database)
+        db = Recorder()
+        fence.mysql_advance(db, "fence:v1:orders:42", 3, database="fence")
+        self.assertEqual(db.texts, ["CALL `fence`.fence_advance(%s, %s, %s)"])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """fence for Python: the client of fenced, the fence lease service, and
-fenced writes to PostgreSQL and Redis through fence's guards inside them.
+fenced writes to PostgreSQL, MySQL (or MariaDB) and Redis through fence's
+guards inside them.
 
     import fence
 
@@ -14,8 +15,8 @@ write of an ended lease is refused before anyone else writes.
 
 The lease and the watch need nothing but the standard library.
 Verifying token signatures (KeySet, RemoteKeySet) needs the cryptography
-package; the guards take the caller's psycopg2 connection or redis-py
-client. The protocol it implements is docs/protocol.md in fence's
+package; the guards take the caller's psycopg2 or PyMySQL connection or
+redis-py client. The protocol it implements is docs/protocol.md in fence's
 repository.
 """
 
@@ -34,6 +35,7 @@ from .errors import (
 )
 from .follow import Follower, MarkStore
 from .keys import KeySet, RemoteKeySet, have_cryptography
+from .mysqlguard import mysql_advance, mysql_fenced
 from .pgguard import PgMarks, pg_advance, pg_fenced
 from .redisguard import RedisMarks, data_key, mark_key, redis_del, redis_hset, redis_incrby, redis_set
 from .token import (
@@ -57,7 +59,7 @@ __all__ = [
     "FenceError", "HeldError", "InvalidError", "LostError", "MissedEventsError", "MissingCryptographyError",
     "NotHolderError", "StaleError", "UnavailableError", "WaitTimeoutError",
     "KeySet", "RemoteKeySet", "have_cryptography",
-    "pg_advance", "pg_fenced",
+    "pg_advance", "pg_fenced", "mysql_advance", "mysql_fenced",
     "data_key", "mark_key", "redis_del", "redis_hset", "redis_incrby", "redis_set",
     "MAX_SCOPE_LEN", "MAX_TOKEN", "Token", "check", "format_token", "parse_token",
     "parse_value", "signed_payload", "validate_scope",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
-from .errors import StaleError
+from .errors import InvalidError, StaleError
 from .token import Token, parse_token
 
 if TYPE_CHECKING:
@@ -34,6 +34,17 @@ def presented_token(p: Presented) -> Tuple[Token, Optional["Lease"]]:
     if isinstance(p, Token):
         return p, None
     raise TypeError(f"a fenced write presents a Lease, a Token or a token's text, not {type(p).__name__}")
+
+
+_MAX_SEQ = (1 << 63) - 1
+
+
+def check_seq(seq: int) -> int:
+    """check_seq returns seq, a write's sequence number for the guards
+    inside the databases, or raises an InvalidError naming what is allowed."""
+    if not isinstance(seq, int) or seq < 0 or seq > _MAX_SEQ:
+        raise InvalidError("seq", f"sequence {seq!r} is not an int from 0 (none) to 2^63-1")
+    return seq
 
 
 def stale_from_fields(text: str, lease: Optional["Lease"], reporter: Optional["Reporter"], guard: str) -> StaleError:

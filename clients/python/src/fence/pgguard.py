@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from .errors import FenceError, InvalidError, StaleError
 from .token import MAX_TOKEN
-from ._presented import Presented, presented_token, stale_from_fields
+from ._presented import Presented, check_seq, presented_token, stale_from_fields
 
 if TYPE_CHECKING:
     from .client import Lease, Reporter
@@ -29,7 +29,6 @@ T = TypeVar("T")
 # A PostgreSQL identifier fence's installer names: letters, digits,
 # underscores, at most 63 bytes, not starting with a digit.
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_MAX_SEQ = (1 << 63) - 1
 
 
 def _function(schema: Optional[str]) -> str:
@@ -42,12 +41,6 @@ def _function(schema: Optional[str]) -> str:
             "(letters, digits and underscores, at most 63, not starting with a digit)",
         )
     return f'"{schema}".fence_advance'
-
-
-def _seq(seq: int) -> int:
-    if not isinstance(seq, int) or seq < 0 or seq > _MAX_SEQ:
-        raise InvalidError("seq", f"sequence {seq!r} is not an int from 0 (none) to 2^63-1")
-    return seq
 
 
 def pg_advance(
@@ -77,7 +70,7 @@ def pg_advance(
     """
     token, lease = presented_token(presented)
     fn = _function(schema)
-    seq = _seq(seq)
+    seq = check_seq(seq)
     if hasattr(cur, "cursor") and not hasattr(cur, "execute"):
         with cur.cursor() as c:
             _advance(c, fn, token.scope, token.value, seq, lease, reporter, guard)
@@ -109,7 +102,7 @@ def pg_fenced(
     and guard are pg_advance's."""
     token, lease = presented_token(presented)
     func = _function(schema)  # a bad schema fails before BEGIN
-    seq = _seq(seq)
+    seq = check_seq(seq)
     status = getattr(getattr(conn, "info", None), "transaction_status", 0)
     if status != 0:  # psycopg2.extensions.TRANSACTION_STATUS_IDLE
         raise FenceError(
