@@ -203,16 +203,16 @@ func hasHeading(headings []string, name string) bool {
 // TestHolderRulesAgree checks that the holder's rules read the same in
 // each place they are written: the numbered list under "The holder's
 // rules" in docs/protocol.md, the Go client's package doc and the
-// TypeScript client's README has the same rules in the same order, each
-// starting with the title protocol.md gives it in bold (code spans and doc
-// links may name the language's own field), and each giving the same
-// figures (fractions of the TTL, milliseconds) as protocol.md's.
+// TypeScript and Python clients' READMEs has the same rules in the same
+// order, each starting with the title protocol.md gives it in bold (code
+// spans and doc links may name the language's own field), and each giving
+// the same figures (fractions of the TTL, milliseconds) as protocol.md's.
 func TestHolderRulesAgree(t *testing.T) {
 	want := holderRules(t, "docs/protocol.md")
 	if len(want) < 8 {
 		t.Fatalf("docs/protocol.md lists %d holder's rules, want 8 or more: has the list moved?", len(want))
 	}
-	for _, path := range []string{"client/doc.go", "clients/typescript/README.md"} {
+	for _, path := range []string{"client/doc.go", "clients/typescript/README.md", "clients/python/README.md"} {
 		got := holderRules(t, path)
 		if len(got) != len(want) {
 			t.Errorf("%s lists %d holder's rules, docs/protocol.md %d", path, len(got), len(want))
