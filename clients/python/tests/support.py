@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, Optional, Tuple
 
@@ -190,6 +191,19 @@ def until(what: str, cond, timeout: float = 20.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"never came true: {what}")
+
+
+def mysql_server():
+    """mysql_server returns make services' MariaDB as PyMySQL's connect
+    arguments and as the mysql:// URL fencectl guard install takes, from
+    FENCE_TEST_MYSQL (Go's form, USER:PASS@tcp(HOST:PORT)/DB)."""
+    dsn = needs("FENCE_TEST_MYSQL", "pymysql")
+    m = re.fullmatch(r"([^:@]*)(?::([^@]*))?@tcp\(([^:)]+):(\d+)\)/([^?]*)(?:\?.*)?", dsn)
+    if m is None:
+        raise AssertionError(f"FENCE_TEST_MYSQL={dsn!r} is not USER:PASS@tcp(HOST:PORT)/DB")
+    user, password, host, port, db = m.group(1), m.group(2) or "", m.group(3), int(m.group(4)), m.group(5)
+    url = f"mysql://{urllib.parse.quote(user)}:{urllib.parse.quote(password)}@{host}:{port}/{db}"
+    return dict(user=user, password=password, host=host, port=port, database=db), url
 
 
 def needs_cryptography(test):

@@ -16,7 +16,7 @@ import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
-from support import Fenced, Proxy, install_guard, needs, until
+from support import Fenced, Proxy, install_guard, mysql_server, needs, until
 
 import fence
 from fence import Client, Follower, InvalidError, MissedEventsError, StaleError
@@ -568,6 +568,100 @@ class TestFollower(unittest.TestCase):
         c.close()
         self.assertTrue(g.stopped.wait(20), "a follower whose client closed runs on")
         self.assertIn("closed", str(g.error))
+
+
+class TestMySQLFollower(unittest.TestCase):
+    """The Follower over make services' MariaDB, through MySQLMarks."""
+
+    def setUp(self):
+        self.args, url = mysql_server()
+        import pymysql
+
+        install_guard(url)
+        self.db = pymysql.connect(autocommit=True, **self.args)
+        self.addCleanup(self.db.close)
+        self.marks = fence.MySQLMarks(self.args)
+        self.addCleanup(self.marks.close)
+        self.client = Client(F.url, holder="py-mysql-follower")
+        self.addCleanup(self.client.close)
+
+    def mark(self, scope: str) -> int:
+        with self.db.cursor() as cur:
+            cur.execute("SELECT token FROM fence_tokens WHERE scope = %s", (scope,))
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def write(self, token_text: str) -> None:
+        fence.mysql_fenced(self.db, token_text, lambda cur: cur.execute("SELECT 1"))
+
+    def test_advance_and_advance_many_never_move_a_mark_back(self):
+        p = f"py/mysql-many/{RUN}/"
+        high = (1 << 62) + 5
+        self.write(f"fence:v1:{p}high:{high}")
+        self.assertFalse(self.marks.advance(p + "high", 7))
+        self.assertTrue(self.marks.advance(p + "high", high), "at the mark: accepted, unchanged")
+        marks = [(p + "high", 7), (p + "a", 3), (p + "b", 5)]
+        self.assertEqual(self.marks.advance_many(marks), [False, True, True])
+        self.assertEqual([self.mark(s) for s, _ in marks], [high, 3, 5])
+        self.assertEqual(sorted(self.marks.scopes(p)), [p + "a", p + "b", p + "high"])
+        self.assertEqual(self.marks.advance_many([]), [])
+        for bad in ([(p + "c", 4), (p + "d", 0)], [(p + "c", 4), (p + "d", 1 << 63)], [(p + "c", 4), ("bad scope", 1)]):
+            with self.assertRaises(InvalidError):
+                self.marks.advance_many(bad)
+            self.assertEqual((self.mark(p + "c"), self.mark(p + "d")), (0, 0), "bad input changes nothing")
+        with self.assertRaises(InvalidError):
+            fence.MySQLMarks(self.args, database="a.b")
+
+    def test_a_late_write_after_the_lease_ended_is_refused_and_marks_go_in_batches(self):
+        p = f"py/mysql-follow/{RUN}/"
+        gated = Gated(self.marks)
+        self.addCleanup(gated.gate.set)
+        f = Follower(self.client, gated, p).start()
+        self.addCleanup(f.stop)
+        self.assertTrue(f.wait_caught_up(20), "the follower never caught up")
+        token, text, lease_id = grant(F, p + "0")
+        self.assertTrue(gated.entered.wait(20), "the first grant's advance never came")
+        tokens = {p + "0": token}
+        for i in range(1, 21):
+            tokens[p + str(i)] = grant(F, p + str(i))[0]
+        until("twenty marks waiting behind the first", lambda: len(f._pending) == 20)
+        gated.gate.set()
+        self.assertTrue(f.wait_caught_up(20))
+        self.assertEqual(gated.calls, [1, 20])
+        self.assertEqual({s: self.mark(s) for s in tokens}, tokens)
+
+        self.write(text)
+        release(F, p + "0", lease_id)
+        until("the closing token's mark", lambda: self.mark(p + "0") == token + 1)
+        with self.assertRaises(StaleError) as cm:
+            self.write(text)  # the old holder's delayed write; nobody else wrote
+        self.assertEqual((cm.exception.presented, cm.exception.highest), (token, token + 1))
+
+    def test_a_failed_advance_is_retried_on_a_new_connection(self):
+        import pymysql
+
+        p = f"py/mysql-retry/{RUN}/"
+        conns = []
+
+        def connect():
+            c = pymysql.connect(**self.args)
+            conns.append(c)
+            return c
+
+        marks = fence.MySQLMarks(connect)
+        self.addCleanup(marks.close)
+        f = Follower(self.client, marks, p).start()
+        self.addCleanup(f.stop)
+        self.assertTrue(f.wait_caught_up(20))
+        token, _, lease_id = grant(F, p + "s")
+        until("the grant's mark", lambda: self.mark(p + "s") == token)
+        with self.db.cursor() as cur:
+            cur.execute("KILL %s", (conns[-1].thread_id(),))
+        release(F, p + "s", lease_id)
+        until("the closing recorded after a retry", lambda: self.mark(p + "s") == token + 1)
+        self.assertTrue(f.wait_caught_up(10))
+        self.assertEqual(len(conns), 2, "one new connection after the killed one")
+        self.assertIsNone(f.last_store_error)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,10 @@ Debian's python3-psycopg2, python3-pymysql and python3-redis: without them
 the tests skip, under CI=true they fail."""
 
 import os
-import re
 import unittest
 import urllib.parse
 
-from support import Fenced, install_guard, needs, until
+from support import Fenced, install_guard, mysql_server, needs, until
 
 import fence
 from fence import Client, FenceError, InvalidError, LostError, StaleError, Token, data_key, mark_key
@@ -258,19 +257,6 @@ class TestRedis(Guarded):
         rep.close(10)
         until("reported", lambda: self.reported() == before + 1)
 
-
-
-def mysql_server():
-    """mysql_server returns make services' MariaDB as PyMySQL's connect
-    arguments and as the mysql:// URL fencectl guard install takes, from
-    FENCE_TEST_MYSQL (Go's form, USER:PASS@tcp(HOST:PORT)/DB)."""
-    dsn = needs("FENCE_TEST_MYSQL", "pymysql")
-    m = re.fullmatch(r"([^:@]*)(?::([^@]*))?@tcp\(([^:)]+):(\d+)\)/([^?]*)(?:\?.*)?", dsn)
-    if m is None:
-        raise AssertionError(f"FENCE_TEST_MYSQL={dsn!r} is not USER:PASS@tcp(HOST:PORT)/DB")
-    user, password, host, port, db = m.group(1), m.group(2) or "", m.group(3), int(m.group(4)), m.group(5)
-    url = f"mysql://{urllib.parse.quote(user)}:{urllib.parse.quote(password)}@{host}:{port}/{db}"
-    return dict(user=user, password=password, host=host, port=port, database=db), url
 
 
 class TestMySQL(Guarded):

@@ -9,8 +9,8 @@ guards inside them.
         ...  # write under lease.token_text; stop when lease.lost is set
 
 client.watch(prefix) streams the lease events of a prefix; a Follower
-advances the guards' marks in PostgreSQL (PgMarks) or Redis (RedisMarks)
-to every grant's token and every ended lease's closing token, so a late
+advances the guards' marks in PostgreSQL (PgMarks), MySQL (MySQLMarks) or
+Redis (RedisMarks) to every grant's token and every ended lease's closing token, so a late
 write of an ended lease is refused before anyone else writes.
 
 The lease and the watch need nothing but the standard library.
@@ -35,7 +35,7 @@ from .errors import (
 )
 from .follow import Follower, MarkStore
 from .keys import KeySet, RemoteKeySet, have_cryptography
-from .mysqlguard import mysql_advance, mysql_fenced
+from .mysqlguard import MySQLMarks, mysql_advance, mysql_fenced
 from .pgguard import PgMarks, pg_advance, pg_fenced
 from .redisguard import RedisMarks, data_key, mark_key, redis_del, redis_hset, redis_incrby, redis_set
 from .token import (
@@ -55,7 +55,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Lease", "HeldLease", "ScopeState", "Rejection", "Reporter", "MAX_REPORT",
-    "Event", "Watch", "EVENT_KINDS", "Follower", "MarkStore", "PgMarks", "RedisMarks",
+    "Event", "Watch", "EVENT_KINDS", "Follower", "MarkStore", "PgMarks", "MySQLMarks", "RedisMarks",
     "FenceError", "HeldError", "InvalidError", "LostError", "MissedEventsError", "MissingCryptographyError",
     "NotHolderError", "StaleError", "UnavailableError", "WaitTimeoutError",
     "KeySet", "RemoteKeySet", "have_cryptography",

@@ -46,8 +46,8 @@ _BATCH = 256
 
 class MarkStore:
     """MarkStore is what a Follower needs of a guard's store (PgMarks,
-    RedisMarks, or a class of your own with these methods; subclassing is
-    not needed).
+    MySQLMarks, RedisMarks, or a class of your own with these methods;
+    subclassing is not needed).
 
     advance(scope, token) moves scope's mark to token unless it is at or
     past it already, with the rule writers obey (the check and the record in
@@ -81,7 +81,8 @@ class Follower:
       has heard of, however many events came meanwhile.
     - It batches: the marks that came while the store was busy go in one
       advance_many call, up to 256, oldest first, where the store has one
-      (PgMarks and RedisMarks do: one transaction, one pipeline), as Go's
+      (PgMarks, MySQLMarks and RedisMarks do: one transaction, one
+      transaction, one pipeline), as Go's
       follower advances several scopes at once; else one at a time.
     - An advance the store fails (a dropped connection, a restarted server)
       is retried every retry_interval seconds (0.1, with jitter), never

@@ -16,15 +16,17 @@ write nothing more. mysql_fenced does.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from .errors import FenceError, InvalidError, StaleError
+from .token import MAX_TOKEN, validate_scope
 from ._presented import Presented, check_seq, presented_token, stale_from_fields
 
 if TYPE_CHECKING:
     from .client import Reporter
 
-__all__ = ["mysql_advance", "mysql_fenced"]
+__all__ = ["mysql_advance", "mysql_fenced", "MySQLMarks"]
 
 T = TypeVar("T")
 
@@ -162,3 +164,109 @@ def _mysql_error(err: BaseException, scope: str, lease, reporter, guard: str) ->
         msg = head + sep + scope
     stale: StaleError = stale_from_fields(msg, lease, reporter, guard)
     return stale
+
+
+class MySQLMarks:
+    """MySQLMarks is the marks of fence's guard inside MySQL or MariaDB, for
+    a Follower: advance(scope, token) is `CALL fence_advance(scope, token,
+    0)` in a transaction of its own, the check-and-advance writers call, so
+    a mark never moves back; a mark already past the token is left as it
+    is and answers False. advance_many calls it for many scopes in one
+    transaction: MySQL fails only the statement that found a mark past,
+    so the others go on, and one commit records them all.
+
+    connect is a dict of pymysql.connect's keyword arguments (PyMySQL is
+    then imported) or a function returning a new PyMySQL connection.
+    MySQLMarks keeps one connection, made on first use, and makes a new one
+    after a failure that broke it (a restarted server, a killed session),
+    so a follower's retries find the server once it is back. database is
+    as for mysql_advance; scopes() reads the table fence_tokens there (or
+    in the connection's current database). Safe to use from several
+    threads: calls take turns on the connection.
+    """
+
+    def __init__(self, connect: Union[Dict[str, Any], Callable[[], Any]], database: Optional[str] = None):
+        self._proc = _procedure(database)
+        self._table = "fence_tokens" if database is None else f"`{database}`.fence_tokens"
+        if isinstance(connect, dict):
+            kwargs = dict(connect)
+
+            def from_kwargs() -> Any:
+                import pymysql
+
+                return pymysql.connect(**kwargs)
+
+            connect = from_kwargs
+        self._connect: Callable[[], Any] = connect
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _run(self, fn: Callable[[Any], T]) -> T:
+        with self._lock:
+            if self._conn is None or not getattr(self._conn, "open", True):
+                self._conn = self._connect()
+            conn = self._conn
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("START TRANSACTION")
+                    out = fn(cur)
+                conn.commit()
+                return out
+            except BaseException:
+                try:
+                    conn.rollback()
+                except Exception:
+                    pass
+                if not getattr(conn, "open", True):
+                    self._conn = None  # broken: a new one next time
+                raise
+
+    def _call(self, cur: Any, scope: str, token: int) -> bool:
+        try:
+            cur.execute(f"CALL {self._proc}(%s, %s, 0)", (scope, token))
+        except Exception as err:
+            e = _mysql_error(err, scope, None, None, "mysql")
+            if isinstance(e, StaleError):
+                return False  # the mark is past the token, and stays
+            if isinstance(e, InvalidError):
+                raise InvalidError("token", f"advance {scope!r} to {token}: {e}") from err
+            raise
+        return True
+
+    def advance(self, scope: str, token: int) -> bool:
+        """advance moves scope's mark to token unless it is past it: True
+        if the mark is now token, False if it was past it."""
+        return self.advance_many([(scope, token)])[0]
+
+    def advance_many(self, marks: Sequence[Tuple[str, int]]) -> List[bool]:
+        """advance_many advances each (scope, token) of marks as advance
+        does, in one transaction and one commit: the answers in order. Bad
+        input (a scope that is not one, a token outside 1 to 2^63-1) raises
+        an InvalidError before anything is sent."""
+        checked = []
+        for s, t in marks:
+            validate_scope(s)
+            if not isinstance(t, int) or not 1 <= t <= MAX_TOKEN:
+                raise InvalidError("token", f"advance {s!r} to {t!r}: a token is an int from 1 to 2^63-1")
+            checked.append((s, t))
+        if not checked:
+            return []
+        return self._run(lambda cur: [self._call(cur, s, t) for s, t in checked])
+
+    def scopes(self, prefix: str) -> List[str]:
+        """scopes lists the scopes under prefix that have a mark."""
+        def run(cur: Any) -> List[str]:
+            p = prefix.encode()
+            cur.execute(f"SELECT scope FROM {self._table} WHERE LEFT(scope, %s) = %s", (len(p), p))
+            return [r[0].decode() if isinstance(r[0], (bytes, bytearray)) else r[0] for r in cur.fetchall()]
+
+        return self._run(run)
+
+    def close(self) -> None:
+        """close closes the connection MySQLMarks made."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None
