@@ -83,6 +83,12 @@
 // mark lists the scope's objects and is rewritten by each write, so keep
 // a scope to a few thousand objects.
 //
+// A write that fails with an error other than a *guard.StaleError may or
+// may not have landed: when the swap's answer is lost, the Guard reads the
+// mark and reports the write done if the mark is its own, but a swap still
+// in flight may land after that read. Read (Get, Highest) before writing
+// again.
+//
 // Store's Fence cannot undo an apply that another process's newer write
 // overtook; it reports it afterwards (ErrSuperseded). Give it only applies
 // whose effects nobody sees until the mark names them, or none (a

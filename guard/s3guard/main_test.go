@@ -45,27 +45,38 @@ const defaultS3 = "http://fence:fence-secret@127.0.0.1:18339/fence-test"
 
 // s3Target parses FENCE_TEST_S3: http://KEY:SECRET@HOST:PORT/BUCKET.
 func s3Target() (*s3.Client, string, error) {
+	endpoint, key, secret, bucket, err := s3URL()
+	if err != nil {
+		return nil, "", err
+	}
+	return newClient(endpoint, key, secret), bucket, nil
+}
+
+func s3URL() (endpoint, key, secret, bucket string, err error) {
 	raw := os.Getenv("FENCE_TEST_S3")
 	if raw == "" {
 		raw = defaultS3
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, "", fmt.Errorf("FENCE_TEST_S3: %w", err)
+		return "", "", "", "", fmt.Errorf("FENCE_TEST_S3: %w", err)
 	}
-	secret, _ := u.User.Password()
-	bucket := strings.Trim(u.Path, "/")
+	secret, _ = u.User.Password()
+	bucket = strings.Trim(u.Path, "/")
 	if u.Host == "" || bucket == "" || u.User.Username() == "" {
-		return nil, "", fmt.Errorf("FENCE_TEST_S3=%q: want http://KEY:SECRET@HOST:PORT/BUCKET", u.Redacted())
+		return "", "", "", "", fmt.Errorf("FENCE_TEST_S3=%q: want http://KEY:SECRET@HOST:PORT/BUCKET", u.Redacted())
 	}
-	api := s3.New(s3.Options{
-		BaseEndpoint: aws.String(u.Scheme + "://" + u.Host),
+	return u.Scheme + "://" + u.Host, u.User.Username(), secret, bucket, nil
+}
+
+func newClient(endpoint, key, secret string) *s3.Client {
+	return s3.New(s3.Options{
+		BaseEndpoint: aws.String(endpoint),
 		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider(u.User.Username(), secret, ""),
+		Credentials:  credentials.NewStaticCredentialsProvider(key, secret, ""),
 		UsePathStyle: true, // a server on an address, not a domain with a bucket per host name
 		HTTPClient:   &http.Client{Transport: transport},
 	})
-	return api, bucket, nil
 }
 
 // ping says whether the server answers, making the bucket if it lacks it.

@@ -219,13 +219,14 @@ func (m *marks) swap(ctx context.Context, scope, etag string, f *markFile) (conf
 }
 
 // status returns the HTTP status of a failed request, 0 for no error and
-// -1 for an error that carries none (a refused connection).
+// -1 for an error that carries none: a refused connection, or an answer
+// lost (the SDK then reports a response error of status 0).
 func status(err error) int {
 	if err == nil {
 		return 0
 	}
 	var re *smithyhttp.ResponseError
-	if errors.As(err, &re) {
+	if errors.As(err, &re) && re.HTTPStatusCode() > 0 {
 		return re.HTTPStatusCode()
 	}
 	return -1
@@ -276,10 +277,18 @@ func (m *marks) commit(ctx context.Context, w guard.Write, strict bool, apply fu
 			}
 		}
 		conflict, err := m.swap(ctx, scope, etag, f)
+		replaced := cur.Objects
 		if err != nil {
+			// No answer, or a server error: the swap may have landed.
+			// If the mark is ours, it did; if not, it may still land
+			// (a request in flight), so the outcome stays unknown.
+			if s := status(err); s == -1 || s >= 500 {
+				if now, _, rerr := m.read(ctx, scope); rerr == nil && now.Commit == id {
+					return replaced, nil
+				}
+			}
 			return nil, err
 		}
-		replaced := cur.Objects
 		if !conflict {
 			return replaced, nil
 		}
