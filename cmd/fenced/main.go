@@ -87,7 +87,7 @@ func parse(args []string, logOut io.Writer) (options, error) {
 	fs.StringVar(&cfg.Restore, "restore", "", "start a new one-voter cluster from this backup file (fencectl backup, or a snapshot's state.bin); the data directory must be empty; the restored node's tokens start above its wall clock (the token floor)")
 	fs.BoolVar(&cfg.Bootstrap, "bootstrap", false, "start a new cluster with this node as its only voter (first start of the first node only)")
 	join := fs.String("join", "", "comma-separated API addresses of cluster members to ask to add this node")
-	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "how long followers go without hearing from the leader before they elect another: half of it to one and a half times it, this on average")
+	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "how long, on average, followers go without hearing from the leader before they elect another (each gives up after half to one and a half times this)")
 	fs.StringVar(&cfg.RaftLog, "raft-log", "", "Raft log store: wal (raft-wal, one fsync per append) or bolt (raft-boltdb, two); empty keeps the one the data directory holds, and makes wal in a new one")
 	fs.IntVar(&cfg.RaftSegmentSize, "raft-segment-size", 64<<20, "bytes of a raft-wal segment file (--raft-log wal): compacted entries are dropped a whole segment at a time")
 	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", 8192, "log entries after which a snapshot is taken and the log compacted")
