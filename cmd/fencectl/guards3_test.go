@@ -125,7 +125,8 @@ func s3Env(t *testing.T, raw string) (*s3.Client, string, error) {
 	bucket := strings.Trim(u.Path, "/")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := api.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &bucket}); err != nil {
+	once := func(o *s3.Options) { o.RetryMaxAttempts = 1 } // a missing server is not retried for seconds
+	if _, err := api.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &bucket}, once); err != nil {
 		return nil, "", err
 	}
 	return api, bucket, nil
