@@ -156,7 +156,8 @@ export class Client {
     if (retried || opts.requestId !== undefined || performance.now() - sent > info.ttlMs / 3) {
       sent = performance.now();
       try {
-        await this.#call("acquire", scope, "Renew", { scope, leaseId: info.leaseId }, opts.signal);
+        const { body: renewed } = await this.#call("acquire", scope, "Renew", { scope, leaseId: info.leaseId }, opts.signal);
+        info.tokenText = leaseInfo(renewed).tokenText;
       } catch (err) {
         await this.#releaseQuietly(info);
         throw err;
@@ -164,7 +165,7 @@ export class Client {
     }
     const margin = opts.driftMarginMs ?? Math.max(info.ttlMs / 20, 5);
     const lease = new Lease(info, sent, margin, {
-      renew: (signal) => this.#call("renew", scope, "Renew", { scope, leaseId: info.leaseId }, signal, 0).then(() => undefined),
+      renew: (signal) => this.#call("renew", scope, "Renew", { scope, leaseId: info.leaseId }, signal, 0).then(({ body }) => leaseInfo(body).tokenText),
       release: () => this.#release(info),
       forget: (l) => this.#leases.delete(l),
       reporter: (guard) => (this.#report && !this.#closed ? this.reporter(guard) : undefined),
@@ -467,7 +468,8 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
 }
 
 interface LeaseHooks {
-  renew(signal: AbortSignal): Promise<void>;
+  /** renew renews the lease and returns its token's text as signed now. */
+  renew(signal: AbortSignal): Promise<string>;
   release(): Promise<bigint>;
   forget(l: Lease): void;
   reporter(guard: string): RejectionReporter | undefined;
@@ -491,8 +493,6 @@ export class Lease {
   readonly scope: string;
   /** The fencing token, exact: compare it as bigint, never as number. */
   readonly token: bigint;
-  /** The token's text form, to send in the Fencing-Token header. */
-  readonly tokenText: string;
   /** The lease ID, which renews and releases the lease: keep it to the holder. */
   readonly leaseId: string;
   readonly holder: string;
@@ -501,6 +501,7 @@ export class Lease {
 
   readonly #margin: number;
   readonly #hooks: LeaseHooks;
+  #tokenText: string;
   readonly #ac = new AbortController();
   #validUntil: number;
   #keeper: Promise<void>;
@@ -510,7 +511,7 @@ export class Lease {
   constructor(info: LeaseInfo, sent: number, margin: number, hooks: LeaseHooks) {
     this.scope = info.scope;
     this.token = info.token;
-    this.tokenText = info.tokenText;
+    this.#tokenText = info.tokenText;
     this.leaseId = info.leaseId;
     this.holder = info.holder;
     this.ttlMs = info.ttlMs;
@@ -518,6 +519,16 @@ export class Lease {
     this.#hooks = hooks;
     this.#validUntil = sent + info.ttlMs - margin;
     this.#keeper = this.#keepAlive(sent);
+  }
+
+  /**
+   * tokenText is the token's text form, to send in the Fencing-Token header:
+   * read it at each write, as each renewal signs the token again with the
+   * key that signs then, and guards refuse an old key's signature once its
+   * grace period after a rotation is over.
+   */
+  get tokenText(): string {
+    return this.#tokenText;
   }
 
   /**
@@ -632,7 +643,7 @@ export class Lease {
       const sent = performance.now();
       try {
         // An answer after the validity ends would come too late to extend it.
-        await this.#hooks.renew(AbortSignal.any([signal, AbortSignal.timeout(Math.max(Math.ceil(valid - sent), 1))]));
+        this.#tokenText = await this.#hooks.renew(AbortSignal.any([signal, AbortSignal.timeout(Math.max(Math.ceil(valid - sent), 1))]));
         this.#validUntil = Math.max(this.#validUntil, sent + this.ttlMs - this.#margin);
         next = sent + every;
       } catch (err) {

@@ -181,3 +181,26 @@ test("several addresses: a call that finds a node down moves to the next, and st
   await c.close();
   assert.equal((await rpc(fenced.url, "Get", { scope: "ts/failover" })).body.lease, undefined, "released");
 });
+
+test("tokenText is signed again at each renewal: after a key rotation it carries the new key, as Go's and Python's do", async () => {
+  const f = await startFenced("--key-publish-delay", "0");
+  const c = new Client(f.url, { holder: "ts-rotate" });
+  try {
+    const lease = await c.acquire("ts/rotate", { ttl: 600 });
+    const before = parseToken(lease.tokenText);
+    const res = await fetch(`${f.url}/fence.v1.ClusterService/RotateSigningKey`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{}",
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    const { keyId } = (await res.json()) as { keyId: string };
+    assert.notEqual(keyId, before.keyId);
+    await until("a renewal signed with the new key", () => parseToken(lease.tokenText).keyId === keyId);
+    const after = parseToken(lease.tokenText);
+    assert.deepEqual([after.scope, after.value], [before.scope, before.value], "the same token, signed again");
+    assert.equal(lease.lost.aborted, false);
+  } finally {
+    await c.close();
+  }
+});
