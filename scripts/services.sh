@@ -633,8 +633,8 @@ ensure_weed() {
 # build_weed DIR: build weed into DIR/weed, in a throwaway module. go
 # install ...@version refuses SeaweedFS, whose go.mod has a replace
 # directive; a replace applies only in the main module, so this one repeats
-# it. Lowest CPU priority and one package at a time: the machine may be
-# shared, and the build is long enough either way.
+# it. Lowest CPU priority, since the machine may be shared; but all cores,
+# since under make test nothing else runs until services are up.
 build_weed() {
 	local cache=$1 mod
 	mod=$(mktemp -d "$cache/build.XXXXXX")
@@ -648,7 +648,7 @@ require github.com/seaweedfs/seaweedfs $SEAWEEDFS_VERSION
 replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
 EOF
 	log "s3: building SeaweedFS's weed $SEAWEEDFS_VERSION from the Go module proxy, once for this machine (8 to 25 minutes on 2 cores; log: $mod/build.log)"
-	if ! (cd "$mod" && export GOFLAGS=-p=1 GOWORK=off &&
+	if ! (cd "$mod" && export GOWORK=off &&
 		timeout "$BUILD_SECS" nice -n 19 go get github.com/seaweedfs/seaweedfs/weed@"$SEAWEEDFS_VERSION" &&
 		timeout "$BUILD_SECS" nice -n 19 go build -trimpath -ldflags='-s -w' -o "$mod/weed" github.com/seaweedfs/seaweedfs/weed
 	) </dev/null >"$mod/build.log" 2>&1 9>&- 8>&-; then
