@@ -128,9 +128,12 @@ func WithProgress(f func(next uint64)) WatchOption {
 // Watch streams the lease events of the scopes starting with prefix (""
 // for all), in the order the service's leader recorded them: grants,
 // renewals, releases, expiries, renewals answered lost, and stale
-// rejections that guards reported. from is where to begin: 0 for events
-// from now on, or the Position of the last event handled plus one to
-// resume an earlier watch.
+// rejections that guards reported. So that no one holder or reporter
+// crowds out the others' events, the leader records one renewal of a
+// lease a quarter of its TTL at most, one loss a lease, and a stale
+// token's rejection on a scope once, in a tenth of the events it keeps at
+// most. from is where to begin: 0 for events from now on, or the Position
+// of the last event handled plus one to resume an earlier watch.
 //
 // The sequence ends when the caller stops ranging over it, or with one
 // final error: ctx's when ctx ends. Across a broken connection or a change of

@@ -86,12 +86,14 @@ scopes without one) as the service's leader records them, one line each,
 until interrupted:
 
   granted   a new lease began, with a new token
-  renewed   its holder renewed it; the token is unchanged
+  renewed   its holder renewed it; the token is unchanged (one a quarter
+            of the lease's TTL at most)
   released  its holder released it
   expired   the service expired it: its holder stopped renewing
-  lost      a renewal was answered lost (current token shown)
+  lost      a renewal was answered lost (current token shown; once a lease)
   rejected  a guard refused a write with this stale token (highest accepted
-            shown), as reported by the guard
+            shown), as reported by the guard (once a token of a scope, and
+            none while a tenth of the events kept are rejections)
   held      with --held: held when the watch began
 
 Each event has a position. To resume after an interruption without missing

@@ -35,16 +35,20 @@ const (
 	EventKind_EVENT_KIND_UNSPECIFIED EventKind = 0
 	// A new lease began, with a new token.
 	EventKind_EVENT_KIND_GRANTED EventKind = 1
-	// Its holder renewed it; the token is unchanged.
+	// Its holder renewed it; the token is unchanged. The leader records one
+	// a quarter of the lease's TTL at most, so that one holder's renewals
+	// cannot crowd the other events out of those it keeps.
 	EventKind_EVENT_KIND_RENEWED EventKind = 2
 	// Its holder released it.
 	EventKind_EVENT_KIND_RELEASED EventKind = 3
 	// The leader expired it: its holder stopped renewing.
 	EventKind_EVENT_KIND_EXPIRED EventKind = 4
 	// A renewal was answered lost: the lease had expired, was being expired
-	// or was superseded.
+	// or was superseded. Recorded once a lease while the leader keeps it.
 	EventKind_EVENT_KIND_LOST EventKind = 5
 	// A guard refused a write with this stale token (reported by the guard).
+	// Recorded once a token of a scope while the leader keeps it, and not
+	// while a tenth of the events it keeps are rejections.
 	EventKind_EVENT_KIND_REJECTED EventKind = 6
 	// The lease was held when the watch started (include_held).
 	EventKind_EVENT_KIND_HELD EventKind = 7
