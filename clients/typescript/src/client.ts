@@ -167,6 +167,8 @@ export class Client {
     const lease = new Lease(info, sent, margin, {
       renew: (signal) => this.#call("renew", scope, "Renew", { scope, leaseId: info.leaseId }, signal, 0).then(({ body }) => leaseInfo(body).tokenText),
       release: () => this.#release(info),
+      // Bounded by the TTL, after which fenced expires the lease anyway.
+      releaseLost: () => void this.#call("release", scope, "Release", { scope, leaseId: info.leaseId }, AbortSignal.timeout(info.ttlMs), info.ttlMs, true).catch(() => undefined),
       forget: (l) => this.#leases.delete(l),
       reporter: (guard) => (this.#report && !this.#closed ? this.reporter(guard) : undefined),
     });
@@ -471,6 +473,7 @@ interface LeaseHooks {
   /** renew renews the lease and returns its token's text as signed now. */
   renew(signal: AbortSignal): Promise<string>;
   release(): Promise<bigint>;
+  releaseLost(): void;
   forget(l: Lease): void;
   reporter(guard: string): RejectionReporter | undefined;
 }
@@ -598,6 +601,11 @@ export class Lease {
   #checkClock(): void {
     if (!this.#ac.signal.aborted && performance.now() >= this.#validUntil) {
       this.#lose(`no renewal confirmed within the TTL of ${this.ttlMs}ms (local validity ran out)`);
+      // fenced may still count the lease current (a renewal it granted was
+      // answered too late) and hold the scope for up to a TTL; a release
+      // frees it only while this lease is current, so it takes nothing from
+      // a newer holder. Best effort, as Go's and Python's clients do.
+      this.#hooks.releaseLost();
     }
   }
 

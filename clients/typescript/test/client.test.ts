@@ -204,3 +204,17 @@ test("tokenText is signed again at each renewal: after a key rotation it carries
     await c.close();
   }
 });
+
+test("a lease whose local validity ran out is released, so fenced need not hold its scope for the rest of its TTL, as Go's and Python's are", async () => {
+  // A drift margin of all but 100 ms of a minute: the lease gives up its
+  // authority long before its first renewal, while fenced holds it for a minute.
+  const c = new Client(fenced.url, { holder: "ts-ran-out" });
+  try {
+    const lease = await c.acquire("ts/ran-out", { ttl: 60_000, driftMarginMs: 59_900 });
+    await until("the lease lost when its validity ran out", () => lease.lost.aborted);
+    assert.match(lease.error!.message, /local validity ran out/);
+    await until("fenced's scope released", async () => (await rpc(fenced.url, "Get", { scope: "ts/ran-out" })).body.lease === undefined);
+  } finally {
+    await c.close();
+  }
+});
