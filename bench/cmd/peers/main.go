@@ -19,9 +19,9 @@
 // own), contended (64 clients on one scope), renew (confirmed renewals of
 // 10,000 live leases) and guarded-write-STORE (64 clients writing with
 // their token to an HTTP resource on bbolt, SQLite, PostgreSQL with a
-// fence table, PostgreSQL with the token in the written row (postgres-row)
-// or Redis, served once with its guard, signatures verified, and once
-// without). The systems are fence (fenced with its defaults: raft-wal,
+// fence table, PostgreSQL with the token in the written row (postgres-row),
+// Redis or an S3 bucket (s3, on make services' SeaweedFS), served once
+// with its guard, signatures verified, and once without). The systems are fence (fenced with its defaults: raft-wal,
 // fsync on, signed tokens), etcd and Redis, and beside fence, never as a
 // goal's side of a ratio, fence-unsigned (--sign-tokens=false), fence-bolt
 // (--raft-log bolt), fence-single (renew one lease per call) and

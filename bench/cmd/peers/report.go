@@ -136,6 +136,8 @@ func printReport(w io.Writer, rep report) {
 			server += " (not PostgreSQL's)"
 		case storeRedis:
 			server += " (not Redis's)"
+		case storeS3:
+			server += " (not the S3 server's)"
 		}
 		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %s + %s | %s | %s |\n",
 			s.Workload, s.Clients, sys, thousands(s.OpsPerSec), round(s.P50), round(s.P99), round(s.P999), s.FlushesPerOp,

@@ -45,6 +45,8 @@ const (
 	// (sqlguard's UpdateRow) rather than in a fence table.
 	storePostgresRow = "postgres-row"
 	storeRedis       = "redis"
+	// storeS3 is an S3-compatible bucket (make services' SeaweedFS).
+	storeS3 = "s3"
 )
 
 // The guarded write's tables and keys. Each cell drops and makes its
@@ -87,15 +89,22 @@ var dataBucket = []byte("data")
 //     header. Not httpguard: its Redis store checks and records the mark in
 //     two more round trips around the handler, and redisguard's docs send
 //     Redis data to Guard.
+//   - s3: a PutObject of the body to the scope's key in a bucket (-s3),
+//     plain, or s3guard.Guard's Put (the scope's mark read, the body put to
+//     a key of its own, the mark swapped with If-Match to name it, the data
+//     it replaced deleted: four requests instead of one), the token read
+//     from the request header. Not httpguard, for Redis's reason: s3guard's
+//     docs send bucket data to Guard. Durable as the server makes a PUT.
 func resourceMain(args []string) error {
 	fs := flag.NewFlagSet(roleResource, flag.ContinueOnError)
 	dir := fs.String("dir", "", "data directory")
 	listen := fs.String("listen", "127.0.0.1:0", "HTTP address")
-	store := fs.String("store", storeBolt, "bbolt, sqlite, postgres or redis")
+	store := fs.String("store", storeBolt, "bbolt, sqlite, postgres, postgres-row, redis or s3")
 	guarded := fs.Bool("guard", true, "fence the writes")
 	keysFrom := fs.String("keys", "", "fenced address whose public keys verify the tokens")
 	pgDSN := fs.String("postgres", "", "PostgreSQL DSN")
 	redisURL := fs.String("redis", "", "Redis URL")
+	s3URL := fs.String("s3", "", "S3 server and bucket, http://KEY:SECRET@HOST:PORT/BUCKET")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -127,7 +136,7 @@ func resourceMain(args []string) error {
 			return err
 		}
 	}
-	h, closeStore, err := resourceHandler(ctx, *store, keys, *dir, *pgDSN, *redisURL)
+	h, closeStore, err := resourceHandler(ctx, *store, keys, *dir, sharedServers{postgres: *pgDSN, redis: *redisURL, s3: *s3URL})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *store, err)
 	}
@@ -157,10 +166,16 @@ func routes(write http.Handler) http.Handler {
 	return mux
 }
 
+// sharedServers are the shared servers' addresses a store may need.
+type sharedServers struct {
+	postgres, redis, s3 string
+}
+
 // resourceHandler returns the write handler of one store, guarded by
 // tokens that keys verify or, with keys nil, not guarded, and a func that
 // closes the store.
-func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, dir, pgDSN, redisURL string) (http.Handler, func(), error) {
+func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, dir string, srv sharedServers) (http.Handler, func(), error) {
+	pgDSN, redisURL := srv.postgres, srv.redis
 	guarded := keys != nil
 	// The guard's scope is the path's: each worker writes its own.
 	scopeOf := httpguard.WithScopeFunc(func(r *http.Request) string { return r.PathValue("scope") })
@@ -343,6 +358,9 @@ func resourceHandler(ctx context.Context, store string, keys *signing.KeySet, di
 			}
 			return g.Set(r.Context(), guard.Write{Token: tok}, key(r), body, 0)
 		}), closer, nil
+
+	case storeS3:
+		return s3Handler(ctx, keys, srv.s3)
 	}
 	return nil, nil, fmt.Errorf("no store %q", store)
 }

@@ -17,8 +17,8 @@ import (
 // TestResourceGuards: the fenced resource of every store refuses forged,
 // unsigned and stale tokens, and the plain one, the baseline, stores
 // whatever comes. A fenced/plain ratio means nothing if the fenced side
-// does not check. PostgreSQL and Redis are tried when make services'
-// environment names them.
+// does not check. PostgreSQL, Redis and the S3 server are tried when make
+// services' environment names them.
 func TestResourceGuards(t *testing.T) {
 	key := signing.NewKey(time.Now())
 	keys := signing.NewKeySet(key.Public())
@@ -37,30 +37,25 @@ func TestResourceGuards(t *testing.T) {
 		{"unsigned", current.Unsigned().String(), http.StatusBadRequest, http.StatusNoContent},
 		{"stale", sign(1).String(), http.StatusConflict, http.StatusNoContent},
 	}
-	stores := map[string]func(t *testing.T) (string, string){
-		storeBolt:   func(*testing.T) (string, string) { return "", "" },
-		storeSQLite: func(*testing.T) (string, string) { return "", "" },
-		storePostgres: func(t *testing.T) (string, string) {
-			dsn := os.Getenv("FENCE_TEST_POSTGRES")
-			if dsn == "" {
-				skipOrFail(t, "FENCE_TEST_POSTGRES not set (make services)")
+	// fromEnv gives a store the server that the environment variable name
+	// (make services') holds.
+	fromEnv := func(name string, with func(string) sharedServers) func(*testing.T) sharedServers {
+		return func(t *testing.T) sharedServers {
+			v := os.Getenv(name)
+			if v == "" {
+				skipOrFail(t, name+" not set (make services)")
 			}
-			return dsn, ""
-		},
-		storePostgresRow: func(t *testing.T) (string, string) {
-			dsn := os.Getenv("FENCE_TEST_POSTGRES")
-			if dsn == "" {
-				skipOrFail(t, "FENCE_TEST_POSTGRES not set (make services)")
-			}
-			return dsn, ""
-		},
-		storeRedis: func(t *testing.T) (string, string) {
-			url := os.Getenv("FENCE_TEST_REDIS")
-			if url == "" {
-				skipOrFail(t, "FENCE_TEST_REDIS not set (make services)")
-			}
-			return "", url
-		},
+			return with(v)
+		}
+	}
+	pg := fromEnv("FENCE_TEST_POSTGRES", func(v string) sharedServers { return sharedServers{postgres: v} })
+	stores := map[string]func(t *testing.T) sharedServers{
+		storeBolt:        func(*testing.T) sharedServers { return sharedServers{} },
+		storeSQLite:      func(*testing.T) sharedServers { return sharedServers{} },
+		storePostgres:    pg,
+		storePostgresRow: pg,
+		storeRedis:       fromEnv("FENCE_TEST_REDIS", func(v string) sharedServers { return sharedServers{redis: v} }),
+		storeS3:          fromEnv("FENCE_TEST_S3", func(v string) sharedServers { return sharedServers{s3: v} }),
 	}
 	for store, servers := range stores {
 		for _, guarded := range []bool{true, false} {
@@ -69,22 +64,22 @@ func TestResourceGuards(t *testing.T) {
 				name = store + "/fenced"
 			}
 			t.Run(name, func(t *testing.T) {
-				pg, redis := servers(t)
+				srv := servers(t)
 				var ks *signing.KeySet
 				if guarded {
 					ks = keys
 				}
-				h, closeStore, err := resourceHandler(context.Background(), store, ks, t.TempDir(), pg, redis)
+				h, closeStore, err := resourceHandler(context.Background(), store, ks, t.TempDir(), srv)
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(closeStore)
-				srv := routes(h)
+				mux := routes(h)
 				for _, r := range requests {
 					req := httptest.NewRequest(http.MethodPost, "/write/gw/0", strings.NewReader(r.name))
 					req.Header.Set(httpguard.TokenHeader, r.tok)
 					rec := httptest.NewRecorder()
-					srv.ServeHTTP(rec, req)
+					mux.ServeHTTP(rec, req)
 					want := r.plain
 					if guarded {
 						want = r.fenced

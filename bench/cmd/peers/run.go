@@ -86,6 +86,7 @@ func allCells() []cell {
 		{guardedWrite(storePostgres), 64, gw},
 		{guardedWrite(storePostgresRow), 64, gw},
 		{guardedWrite(storeRedis), 64, gw},
+		{guardedWrite(storeS3), 64, gw},
 	}
 }
 
@@ -105,13 +106,13 @@ func clusterCells() []cell {
 
 // config is the coordinator's.
 type config struct {
-	fenced, fencedRev, redisServer, postgres, redis string
-	data, out                                       string
-	runs, leases, etcdWindow                        int
-	duration, redisRetry                            time.Duration
-	maxOps                                          int64
-	only, systems                                   []string
-	deadline                                        time.Duration
+	fenced, fencedRev, redisServer, postgres, redis, s3 string
+	data, out                                           string
+	runs, leases, etcdWindow                            int
+	duration, redisRetry                                time.Duration
+	maxOps                                              int64
+	only, systems                                       []string
+	deadline                                            time.Duration
 	// cluster runs fence and etcd on three nodes each (clusterCells);
 	// kills is how many times a failover cell kills the leader, and
 	// electionTimeout is both systems' (their heartbeat a tenth of it).
@@ -170,6 +171,8 @@ func runMain(args []string, cluster bool) error {
 		"PostgreSQL DSN for guarded-write-postgres (make services starts one); empty skips it")
 	fs.StringVar(&cfg.redis, "redis", cmp.Or(os.Getenv("FENCE_TEST_REDIS"), "redis://127.0.0.1:63799/0"),
 		"Redis URL for guarded-write-redis (make services starts one); empty skips it")
+	fs.StringVar(&cfg.s3, "s3", cmp.Or(os.Getenv("FENCE_TEST_S3"), "http://fence:fence-secret@127.0.0.1:18339/fence-test"),
+		"S3 server and bucket for guarded-write-s3, http://KEY:SECRET@HOST:PORT/BUCKET (make services starts SeaweedFS); empty skips it")
 	fs.StringVar(&cfg.data, "data", os.TempDir(), "directory for the servers' data (each cell gets a fresh one, removed after)")
 	fs.StringVar(&cfg.out, "out", "results", "directory for the JSON results and the plot")
 	fs.IntVar(&cfg.runs, "runs", 3, "runs; the table shows the median")
@@ -188,7 +191,7 @@ func runMain(args []string, cluster bool) error {
 		fs.DurationVar(&cfg.electionTimeout, "election-timeout", time.Second,
 			"both systems' election timeout (etcd's default: 1s, heartbeats a tenth of it apart; fenced's go a twentieth to a tenth of it apart); a whole number of 10ms")
 	}
-	workloads := "lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis"
+	workloads := "lock-cycle, contended, renew, guarded-write (every store) or guarded-write-STORE for STORE bbolt, sqlite, postgres, postgres-row, redis, s3"
 	systemNames := "fence, etcd, redis-always, redis-default, fence-unsigned, fence-bolt, fence-single, fence-followed, fenced, plain"
 	if cluster {
 		workloads, systemNames = "lock-cycle, contended, renew, failover", "fence, etcd"
@@ -279,7 +282,8 @@ func runMain(args []string, cluster bool) error {
 				if len(cfg.systems) > 0 && !slices.Contains(cfg.systems, sys) {
 					continue
 				}
-				if (storeOf(c.workload) == storePostgres || storeOf(c.workload) == storePostgresRow) && cfg.postgres == "" || storeOf(c.workload) == storeRedis && cfg.redis == "" {
+				if (storeOf(c.workload) == storePostgres || storeOf(c.workload) == storePostgresRow) && cfg.postgres == "" || storeOf(c.workload) == storeRedis && cfg.redis == "" ||
+					storeOf(c.workload) == storeS3 && cfg.s3 == "" {
 					continue
 				}
 				if err := ctx.Err(); err != nil {
@@ -413,7 +417,8 @@ func runCell(ctx context.Context, cfg config, disk string, c cell, sys string) (
 		p, a.addr.fence, err = startFenced(cfg.fenced, sub("fenced"), "")
 		if err == nil {
 			procs = append(procs, p)
-			p, a.addr.resource, err = startResource(sub("resource"), storeOf(c.workload), sys == sysFenced, a.addr.fence, cfg.postgres, cfg.redis)
+			p, a.addr.resource, err = startResource(sub("resource"), storeOf(c.workload), sys == sysFenced, a.addr.fence,
+				sharedServers{postgres: cfg.postgres, redis: cfg.redis, s3: cfg.s3})
 		}
 	case sys == sysEtcd:
 		p, a.addr.etcd, err = startEtcd(sub("etcd"))
@@ -496,7 +501,7 @@ func versions(cfg config) map[string]string {
 		for _, d := range bi.Deps {
 			switch d.Path {
 			case "go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/client/v3", "github.com/redis/go-redis/v9",
-				"go.etcd.io/bbolt", "github.com/jackc/pgx/v5", "modernc.org/sqlite":
+				"go.etcd.io/bbolt", "github.com/jackc/pgx/v5", "modernc.org/sqlite", "github.com/aws/aws-sdk-go-v2/service/s3":
 				v[d.Path] = d.Version
 			}
 		}

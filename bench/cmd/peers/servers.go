@@ -201,13 +201,13 @@ func startEtcdMember(dir string, args ...string) (*proc, error) {
 // startResource runs the guarded-write resource on store, guarded by
 // fenced's tokens (their signatures verified with the keys fenced serves
 // at fencedAddr) or plain.
-func startResource(dir, store string, guarded bool, fencedAddr, pgDSN, redisURL string) (*proc, string, error) {
+func startResource(dir, store string, guarded bool, fencedAddr string, srv sharedServers) (*proc, string, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, "", err
 	}
 	cmd, err := reexec(roleResource, "-dir", dir, "-listen", addr, "-store", store, fmt.Sprintf("-guard=%t", guarded),
-		"-keys", fencedAddr, "-postgres", pgDSN, "-redis", redisURL)
+		"-keys", fencedAddr, "-postgres", srv.postgres, "-redis", srv.redis, "-s3", srv.s3)
 	if err != nil {
 		return nil, "", err
 	}
