@@ -112,12 +112,14 @@ const leaderHeader = "Fence-Leader"
 // forward sends a request to the leader when this node is not the serving
 // leader, and serves it here otherwise (including when no leader is known:
 // the handler then answers Unavailable). With auth on, a request without
-// an identity is never forwarded: it is answered here (an RPC is refused
-// by Authenticate, before this, as the leader would refuse it). Forwarded,
-// it would reach the leader over this node's certificate.
+// an identity never gets here unless it is served locally: Authenticate,
+// before this, refuses an RPC without one, and any other path but the
+// public ones, which are all served locally. Were one forwarded, the
+// leader would take it for no one, not for this node, whose certificate
+// it comes over (authz.ForwardedHeader).
 func (s *Server) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" || s.anonymous(r) {
+		if s.lessor.Ready() || servedLocally(r) || r.Header.Get(forwardedHeader) != "" {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -146,11 +148,6 @@ func (s *Server) forward(next http.Handler) http.Handler {
 		}()
 		s.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// anonymous reports whether auth is on and the request has no identity.
-func (s *Server) anonymous(r *http.Request) bool {
-	return s.auth != nil && authz.Identity(r.Context()) == ""
 }
 
 // leaderGeneration returns a channel closed at the next change of leader.
