@@ -254,12 +254,26 @@ func TestRenewalCommitsInACluster(t *testing.T) {
 // on the new leader.
 func TestLeaderHandsOffOnClose(t *testing.T) {
 	ctx := testContext(t)
+	c, l, _, _ := handOff(ctx, t, 10*time.Minute)
+	if _, err := c.Renew(ctx, "orders", l.ID); err != nil {
+		t.Fatalf("renewing the lease granted before the hand-off: %v", err)
+	}
+}
+
+// handOff starts a cluster of n1 and two followers that wait election
+// before electing a leader of their own, grants the scope orders for a
+// minute through the followers, and closes n1, which hands its office to
+// a follower. It returns the followers' client and the lease once a
+// follower leads (within 30s: well before election, so only by the hand
+// off), then the new leader and the other follower.
+func handOff(ctx context.Context, t *testing.T, election time.Duration) (c *client.Client, l fence.Lease, leader, other *server.Server) {
+	t.Helper()
 	n1 := startNode(t, "n1")
 	await(ctx, t, "n1 leads", n1.Ready)
 	var followers []*server.Server
 	for _, id := range []string{"n2", "n3"} {
 		cfg := nodeConfig(id, n1.Addr())
-		cfg.ElectionTimeout = 10 * time.Minute
+		cfg.ElectionTimeout = election
 		f := startNodeConfig(t, cfg)
 		await(ctx, t, id+" follows", func() bool {
 			code, _ := get(t, f.Addr(), "/readyz")
@@ -267,7 +281,7 @@ func TestLeaderHandsOffOnClose(t *testing.T) {
 		})
 		followers = append(followers, f)
 	}
-	c := newClient(t, followers[0].Addr()+","+followers[1].Addr())
+	c = newClient(t, followers[0].Addr()+","+followers[1].Addr())
 	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -283,9 +297,11 @@ func TestLeaderHandsOffOnClose(t *testing.T) {
 	await(soon, t, "a follower leads after the leader closed", func() bool {
 		return followers[0].Ready() || followers[1].Ready()
 	})
-	if _, err := c.Renew(ctx, "orders", l.ID); err != nil {
-		t.Fatalf("renewing the lease granted before the hand-off: %v", err)
+	leader, other = followers[0], followers[1]
+	if !leader.Ready() {
+		leader, other = other, leader
 	}
+	return c, l, leader, other
 }
 
 // TestReplaceLeader: an operator replaces the leader's own Raft address
@@ -403,40 +419,11 @@ func TestReplaceLeader(t *testing.T) {
 // leader. With its quorum, it sends one that holds every grant.
 func TestBackupConfirmsLeadership(t *testing.T) {
 	ctx := testContext(t)
-	n1 := startNode(t, "n1")
-	await(ctx, t, "n1 leads", n1.Ready)
-	var followers []*server.Server
-	for _, id := range []string{"n2", "n3"} {
-		cfg := nodeConfig(id, n1.Addr())
-		// A leader notices that it lost its quorum after a quarter of this
-		// (its leader lease): long enough for the test's calls, short
-		// enough that the leader steps down and closes soon after.
-		cfg.ElectionTimeout = time.Minute
-		f := startNodeConfig(t, cfg)
-		await(ctx, t, id+" follows", func() bool {
-			code, _ := get(t, f.Addr(), "/readyz")
-			return code == http.StatusOK
-		})
-		followers = append(followers, f)
-	}
-	c := newClient(t, followers[0].Addr()+","+followers[1].Addr())
-	l, err := c.Grant(ctx, "orders", client.WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// n1 hands off to a follower.
-	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := n1.Close(closing); err != nil {
-		t.Fatalf("closing n1: %v", err)
-	}
-	await(ctx, t, "a follower leads after n1 closed", func() bool {
-		return followers[0].Ready() || followers[1].Ready()
-	})
-	leader, other := followers[0], followers[1]
-	if !leader.Ready() {
-		leader, other = other, leader
-	}
+	// A leader notices that it lost its quorum after a quarter of the
+	// election timeout (its leader lease): a minute is long enough for
+	// the test's calls, short enough that the leader steps down and
+	// closes soon after.
+	_, l, leader, other := handOff(ctx, t, time.Minute)
 	direct := newClient(t, leader.Addr())
 	var b bytes.Buffer
 	if _, err := direct.Backup(ctx, &b); err != nil {
@@ -450,6 +437,8 @@ func TestBackupConfirmsLeadership(t *testing.T) {
 		t.Fatalf("orders in the backup: %+v; want held with token %d", in, l.Token)
 	}
 
+	closing, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	if err := other.Close(closing); err != nil {
 		t.Fatalf("closing the other follower: %v", err)
 	}
