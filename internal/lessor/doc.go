@@ -72,8 +72,8 @@
 //
 // # Lock order
 //
-// Three locks meet here; whoever holds one of them takes only the ones
-// below it:
+// Five locks meet here, on four levels; whoever holds one of them takes
+// only those of the levels below its own:
 //
 //  1. Lessor.mu, the office: taking office begins it under it, leaving
 //     office ends it and cancels its work under it.
