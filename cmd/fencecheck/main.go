@@ -26,6 +26,7 @@
 // Usage:
 //
 //	fencecheck run [--time 20s] [--seed N] [--workers 4] [--nodes 1|3] [--no-fence] [--late-bound D] ...
+//	fencecheck run --stores s3 --s3 http://KEY:SECRET@HOST:PORT/BUCKET ...   # an S3 bucket through s3guard
 //	fencecheck check HISTORY.jsonl
 //
 // run prints a summary with "anomalies: N" and exits 1 when N > 0. Its

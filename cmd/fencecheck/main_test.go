@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fence-dev/fence/internal/history"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"go.uber.org/goleak"
+
+	"github.com/fence-dev/fence/internal/history"
 )
 
 // bin is the directory holding fencecheck and fenced, built once.
@@ -215,7 +219,14 @@ func eagerGroups(t *testing.T, out string) {
 // TestFencedRunPasses: with the guard on, the faults find nothing.
 func TestFencedRunPasses(t *testing.T) {
 	t.Parallel()
-	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t)})
+	fencedRunPasses(t, slices.Concat(shortRun, []string{"--postgres", testPostgres(t)}))
+}
+
+// fencedRunPasses runs fencecheck with args and checks that it found
+// nothing, injected every fault it planned or said why not, measured the
+// windows with and without a follower, and removed its files.
+func fencedRunPasses(t *testing.T, args []string) {
+	t.Helper()
 	code, out, tmp := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitOK || n != 0 {
@@ -230,7 +241,14 @@ func TestFencedRunPasses(t *testing.T) {
 // stale writes: a checker that cannot fail proves nothing.
 func TestUnfencedRunFindsAnomalies(t *testing.T) {
 	t.Parallel()
-	args := slices.Concat(shortRun, []string{"--postgres", testPostgres(t), "--no-fence"})
+	unfencedRunFindsAnomalies(t, slices.Concat(shortRun, []string{"--postgres", testPostgres(t), "--no-fence"}))
+}
+
+// unfencedRunFindsAnomalies runs fencecheck with args and checks that it
+// found anomalies, injected every fault it planned or said why not, and
+// kept its files.
+func unfencedRunFindsAnomalies(t *testing.T, args []string) {
+	t.Helper()
 	code, out, tmp := fencecheck(t, args...)
 	t.Logf("fencecheck run %v:\n%s", args, out)
 	if n := anomalies(t, out); code != exitAnomalies || n == 0 {
@@ -297,4 +315,48 @@ func TestStorageFaultsRun(t *testing.T) {
 	if out, err := exec.Command("mount").Output(); err == nil && strings.Contains(string(out), dir) {
 		t.Errorf("a tmpfs of the run is still mounted:\n%s", out)
 	}
+}
+
+// testS3 returns the test S3 server and bucket (FENCE_TEST_S3, default
+// the one of scripts/services.env), skipping the test when it does not
+// answer, except in CI, where a missing server is a failure.
+func testS3(t *testing.T) string {
+	t.Helper()
+	raw := os.Getenv("FENCE_TEST_S3")
+	if raw == "" {
+		raw = "http://fence:fence-secret@127.0.0.1:18339/fence-test"
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections() // for goleak
+	api, bucket, err := s3Target(raw, &http.Client{Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// One attempt: a missing server is not retried for seconds.
+	_, err = api.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &bucket}, func(o *s3.Options) { o.RetryMaxAttempts = 1 })
+	if _, missing := errors.AsType[*types.NotFound](err); err != nil && !missing {
+		msg := fmt.Sprintf("the S3 server of FENCE_TEST_S3 is unreachable: %v", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg + " (run `make services`, or set FENCE_TEST_S3)")
+	}
+	return raw
+}
+
+// TestS3FencedRunPasses: the workers on a bucket's scopes alone, each
+// request applied through s3guard (every entry of the register's log one
+// swap of the scope's mark), under every fault: nothing found.
+func TestS3FencedRunPasses(t *testing.T) {
+	t.Parallel()
+	fencedRunPasses(t, slices.Concat(shortRun, []string{"--stores", "s3", "--s3", testS3(t)}))
+}
+
+// TestS3UnfencedRunFindsAnomalies: the same run on plain PUTs must find
+// stale writes on the bucket's scopes.
+func TestS3UnfencedRunFindsAnomalies(t *testing.T) {
+	t.Parallel()
+	unfencedRunFindsAnomalies(t, slices.Concat(shortRun, []string{"--stores", "s3", "--s3", testS3(t), "--no-fence"}))
 }

@@ -34,8 +34,8 @@ import (
 
 // The resource is an HTTP service holding one register per scope. Scopes
 // under "bolt/" live in a bbolt file fenced by boltguard, scopes under
-// "pg/" in a PostgreSQL table fenced by sqlguard; httpguard reads the
-// token. Reads are fenced too (a read-modify-write is safe only if the
+// "pg/" in a PostgreSQL table fenced by sqlguard, scopes under "s3/" in an
+// S3 bucket fenced by s3guard (s3.go); httpguard reads the token. Reads are fenced too (a read-modify-write is safe only if the
 // read also advances the mark: otherwise a stale write can land between
 // the new holder's read and its write). With --no-fence the same handler
 // runs without the guard.
@@ -84,6 +84,8 @@ func resourceCmd(args []string) error {
 	boltPath := fs.String("bolt", "", "bbolt file for the bolt/ scopes")
 	dsn := fs.String("postgres", "", "PostgreSQL DSN for the pg/ scopes (none: no pg/ scopes)")
 	prefix := fs.String("pg-prefix", "fencecheck", "prefix of the PostgreSQL tables")
+	s3URL := fs.String("s3", "", "S3 server and bucket for the s3/ scopes, http://KEY:SECRET@HOST:PORT/BUCKET (none: no s3/ scopes)")
+	s3Prefix := fs.String("s3-prefix", "fencecheck/", "prefix of the run's objects in the bucket")
 	noFence := fs.Bool("no-fence", false, "apply every request without checking its token")
 	followAddrs := fs.String("follow", "", "fenced address(es), comma-separated: advance the marks of the scopes STORE/f... from its watch stream (guard/follow)")
 	if err := fs.Parse(args); err != nil {
@@ -110,8 +112,16 @@ func resourceCmd(args []string) error {
 		defer b.close()
 		backends["pg"] = b
 	}
+	if *s3URL != "" {
+		b, err := openS3(ctx, *s3URL, *s3Prefix, !*noFence)
+		if err != nil {
+			return err
+		}
+		defer b.close()
+		backends["s3"] = b
+	}
 	if len(backends) == 0 {
-		return usageError{errors.New("resource: give --bolt, --postgres or both")}
+		return usageError{errors.New("resource: give --bolt, --postgres, --s3 or several")}
 	}
 	mux := http.NewServeMux()
 	for name, b := range backends {

@@ -37,6 +37,8 @@ type config struct {
 	faults    []string
 	noFence   bool
 	postgres  string
+	s3        string   // S3 server and bucket of the s3/ scopes
+	stores    []string // whose scopes the workers use: bolt, pg, s3
 	dir       string
 	fencedBin string
 	keep      bool
@@ -57,9 +59,11 @@ func runCmd(args []string) (int, error) {
 	faults := fs.String("faults", "all", "faults to inject, comma-separated: "+strings.Join(allFaults, ",")+"; or all, or none")
 	fs.BoolVar(&cfg.noFence, "no-fence", false, "UNSAFE: the resource applies writes without checking tokens; the checks must then find anomalies")
 	fs.StringVar(&cfg.postgres, "postgres", os.Getenv("FENCE_TEST_POSTGRES"), "PostgreSQL DSN for the pg/ scopes, fenced by sqlguard (default $FENCE_TEST_POSTGRES; empty: bbolt only)")
+	fs.StringVar(&cfg.s3, "s3", "", "S3 server and bucket for the s3/ scopes, fenced by s3guard: http://KEY:SECRET@HOST:PORT/BUCKET, such as $FENCE_TEST_S3 (empty: none)")
+	stores := fs.String("stores", "", "the stores whose scopes the workers use, comma-separated: bolt, pg, s3 (default bolt, with pg and s3 when --postgres and --s3 name their servers)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the history, logs and data, kept (default: a new temporary directory, removed after a run that passes)")
 	fs.StringVar(&cfg.fencedBin, "fenced", "", "the fenced binary (default: fenced beside this binary, else built with go build)")
-	fs.BoolVar(&cfg.keep, "keep-tables", false, "keep the run's PostgreSQL tables")
+	fs.BoolVar(&cfg.keep, "keep-tables", false, "keep the run's PostgreSQL tables and S3 objects")
 	fs.DurationVar(&cfg.timeout, "check-timeout", 2*time.Minute, "bound on the linearizability search of each scope")
 	fs.BoolVar(&cfg.follow, "follow", true, "a follower in the resource advances the marks of every other scope (STORE/f1, STORE/f3, ...) at each grant and end of a lease; the run measures the window with and without it")
 	fs.DurationVar(&cfg.lateBound, "late-bound", 0, "fail the run if a followed scope accepts a write longer than this after the service ended its lease (0: measure only)")
@@ -90,6 +94,9 @@ func runCmd(args []string) (int, error) {
 	case cfg.lateBound < 0 || cfg.lateBound > 0 && !cfg.follow:
 		return 0, usageError{fmt.Errorf("--late-bound %v: want a positive duration, with --follow", cfg.lateBound)}
 	}
+	if cfg.stores, err = parseStores(*stores, &cfg); err != nil {
+		return 0, usageError{err}
+	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano()%1_000_000) + 1
 	}
@@ -105,6 +112,42 @@ func runCmd(args []string) (int, error) {
 		return exitAnomalies, nil
 	}
 	return exitOK, nil
+}
+
+// parseStores returns the stores of --stores, each with its server, and
+// forgets the servers of the stores it leaves out.
+func parseStores(list string, cfg *config) ([]string, error) {
+	if list == "" {
+		stores := []string{"bolt"}
+		if cfg.postgres != "" {
+			stores = append(stores, "pg")
+		}
+		if cfg.s3 != "" {
+			stores = append(stores, "s3")
+		}
+		return stores, nil
+	}
+	var stores []string
+	for st := range strings.SplitSeq(list, ",") {
+		switch {
+		case st != "bolt" && st != "pg" && st != "s3":
+			return nil, fmt.Errorf("--stores: no store %q; want bolt, pg or s3", st)
+		case slices.Contains(stores, st):
+			return nil, fmt.Errorf("--stores: %s twice", st)
+		case st == "pg" && cfg.postgres == "":
+			return nil, errors.New("--stores: pg needs --postgres (or $FENCE_TEST_POSTGRES)")
+		case st == "s3" && cfg.s3 == "":
+			return nil, errors.New("--stores: s3 needs --s3")
+		}
+		stores = append(stores, st)
+	}
+	if !slices.Contains(stores, "pg") {
+		cfg.postgres = ""
+	}
+	if !slices.Contains(stores, "s3") {
+		cfg.s3 = ""
+	}
+	return stores, nil
 }
 
 // cleanUp removes the temporary directory of a run that passed, and says
@@ -152,7 +195,7 @@ type runner struct {
 	dir       string
 	self      string
 	fencedBin string
-	prefix    string // of the PostgreSQL tables
+	prefix    string // of the PostgreSQL tables and, with a '/' after it, of the S3 objects
 	sched     schedule
 	nodes     []*node
 	admin     *client.Client // to every node directly
@@ -181,12 +224,8 @@ type workerProc struct {
 // scopes returns the scopes of the run. With --follow the odd ones are
 // named STORE/fN, the prefix the resource's follower advances.
 func (r *runner) scopes() []string {
-	stores := []string{"bolt"}
-	if r.cfg.postgres != "" {
-		stores = append(stores, "pg")
-	}
 	var s []string
-	for _, store := range stores {
+	for _, store := range r.cfg.stores {
 		for i := range r.cfg.scopes {
 			f := ""
 			if r.cfg.follow && i%2 == 1 {
@@ -231,10 +270,11 @@ func (r *runner) run(ctx context.Context) (*history.Report, error) {
 	}
 	r.sched = plan(cfg.seed, cfg.d, cfg.workers, cfg.nodes, cfg.ttl, cfg.faults)
 	r.prefix = fmt.Sprintf("fencecheck_%d_%d", cfg.seed, time.Now().UnixNano()%1e9)
-	stores := "bbolt (boltguard)"
-	if cfg.postgres != "" {
-		stores += " and PostgreSQL (sqlguard)"
+	var names []string
+	for _, st := range cfg.stores {
+		names = append(names, map[string]string{"bolt": "bbolt (boltguard)", "pg": "PostgreSQL (sqlguard)", "s3": "an S3 bucket (s3guard)"}[st])
 	}
+	stores := strings.Join(names, ", ")
 	fenceState := "ON"
 	if cfg.noFence {
 		fenceState = "OFF (--no-fence: writes are applied unchecked)"
@@ -341,6 +381,9 @@ func (r *runner) startResource(ctx context.Context) error {
 	args := []string{"resource", "--listen", addr, "--bolt", filepath.Join(r.dir, "resource.db")}
 	if r.cfg.postgres != "" {
 		args = append(args, "--postgres", r.cfg.postgres, "--pg-prefix", r.prefix)
+	}
+	if r.cfg.s3 != "" {
+		args = append(args, "--s3", r.cfg.s3, "--s3-prefix", r.prefix+"/")
 	}
 	if r.cfg.noFence {
 		args = append(args, "--no-fence")
@@ -479,7 +522,8 @@ func httpGet(ctx context.Context, url string) (string, error) {
 	return string(b), err
 }
 
-// teardown stops every process and proxy and drops the run's tables.
+// teardown stops every process and proxy and drops the run's tables and
+// objects.
 func (r *runner) teardown() {
 	for _, w := range r.workers {
 		if w.p.running() {
@@ -508,6 +552,13 @@ func (r *runner) teardown() {
 		defer cancel()
 		if err := dropPostgres(ctx, r.cfg.postgres, r.prefix); err != nil {
 			fmt.Fprintf(os.Stderr, "fencecheck: drop the tables %s_*: %v\n", r.prefix, err)
+		}
+	}
+	if r.cfg.s3 != "" && !r.cfg.keep {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := deleteS3(ctx, r.cfg.s3, r.prefix+"/"); err != nil {
+			fmt.Fprintf(os.Stderr, "fencecheck: delete the objects under %s/: %v\n", r.prefix, err)
 		}
 	}
 }

@@ -254,3 +254,37 @@ func TestVersion(t *testing.T) {
 		t.Errorf("fencecheck --version: %v\n%s", err, out)
 	}
 }
+
+// TestParseStores: --stores names known stores once each, each with its
+// server; without it, the stores are those whose servers were given.
+func TestParseStores(t *testing.T) {
+	for _, c := range []struct {
+		list, postgres, s3 string
+		want               []string
+		err                string
+	}{
+		{"", "", "", []string{"bolt"}, ""},
+		{"", "pg-dsn", "s3-url", []string{"bolt", "pg", "s3"}, ""},
+		{"s3", "pg-dsn", "s3-url", []string{"s3"}, ""},
+		{"bolt,s3", "", "s3-url", []string{"bolt", "s3"}, ""},
+		{"s3", "", "", nil, "s3 needs --s3"},
+		{"pg", "", "s3-url", nil, "pg needs --postgres"},
+		{"bolt,bolt", "", "", nil, "bolt twice"},
+		{"mysql", "", "", nil, `no store "mysql"; want bolt, pg or s3`},
+	} {
+		cfg := config{postgres: c.postgres, s3: c.s3}
+		got, err := parseStores(c.list, &cfg)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("--stores %q: error %v, want one saying %q", c.list, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("--stores %q: %v, %v; want %v", c.list, got, err, c.want)
+		}
+		if !slices.Contains(got, "pg") && cfg.postgres != "" || !slices.Contains(got, "s3") && cfg.s3 != "" {
+			t.Errorf("--stores %q kept the server of a store it left out: %+v", c.list, cfg)
+		}
+	}
+}
