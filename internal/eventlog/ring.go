@@ -81,11 +81,12 @@ func NewRing(size int) *Ring {
 // Append records e as the next event of term; a new term starts the ring
 // afresh. It returns e with its position, or with position 0 if e is a
 // renewal, a loss or a rejection left out (see renewalSpacing and
-// rejectionShare).
+// rejectionShare). A loss recorded without a holder gets the one the
+// lease's newest event still retained names (see Holder).
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e.Position = r.appendLocked(term, e)
+	e = r.appendLocked(term, e)
 	if e.Position != 0 {
 		r.wakeLocked()
 	}
@@ -100,7 +101,7 @@ func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
 	defer r.mu.Unlock()
 	n := 0
 	for e := range es {
-		if r.appendLocked(term, e) != 0 {
+		if r.appendLocked(term, e).Position != 0 {
 			n++
 		}
 	}
@@ -109,9 +110,9 @@ func (r *Ring) AppendAll(term uint64, es iter.Seq[Event]) {
 	}
 }
 
-// appendLocked records e and returns its position, or 0 if it is a
-// renewal, a loss or a rejection left out.
-func (r *Ring) appendLocked(term uint64, e Event) uint64 {
+// appendLocked records e and returns it as recorded, with position 0 if
+// it is a renewal, a loss or a rejection left out.
+func (r *Ring) appendLocked(term uint64, e Event) Event {
 	if term != r.term || r.next == 0 {
 		r.term = term
 		r.first = term<<termShift | 1
@@ -120,7 +121,15 @@ func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 		r.rejections = 0
 	}
 	if r.leftOut(e) {
-		return 0
+		e.Position = 0
+		return e
+	}
+	if e.Kind == Lost && e.Holder == "" {
+		// A renewal answered lost after its lease left the state names no
+		// holder. Looked up here, for the loss recorded, not before for
+		// each left out: naming a lease lost long ago a thousand times a
+		// batch cost a scan of the ring each, 26 ms a batch.
+		e.Holder = r.holderLocked(e.Scope, e.Token)
 	}
 	e.Position = r.next
 	r.next++
@@ -146,7 +155,7 @@ func (r *Ring) appendLocked(term uint64, e Event) uint64 {
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
 	}
-	return e.Position
+	return e
 }
 
 // leftOut reports whether e is a renewal of a lease that recorded one
@@ -293,6 +302,10 @@ func (r *Ring) Close() {
 func (r *Ring) Holder(scope string, token uint64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.holderLocked(scope, token)
+}
+
+func (r *Ring) holderLocked(scope string, token uint64) string {
 	for p := r.next; p > r.first; p-- {
 		e := &r.buf[(p-1)%uint64(len(r.buf))]
 		if e.Token == token && e.Scope == scope && e.Holder != "" {

@@ -230,6 +230,28 @@ func TestRingRecordsALossOnce(t *testing.T) {
 	}
 }
 
+// TestRingNamesALossHolder: a renewal answered lost after its lease left
+// the state comes without a holder; the loss recorded names the one of the
+// lease's newest event still retained (its grant here), and a loss that
+// names one keeps it. The server once looked the holder up before every
+// loss, recorded or left out: a scan of the ring each.
+func TestRingNamesALossHolder(t *testing.T) {
+	const term = 1
+	r := NewRing(8)
+	id := fence.LeaseID{1}
+	r.Append(term, Event{Kind: Granted, Scope: "orders", Token: 5, Holder: "worker-1", LeaseID: id})
+	r.Append(term, Event{Kind: Granted, Scope: "other", Token: 5, Holder: "worker-2"})
+	if e := r.Append(term, Event{Kind: Lost, Scope: "orders", Token: 5, LeaseID: id}); e.Position == 0 || e.Holder != "worker-1" {
+		t.Fatalf("a loss without a holder recorded as %+v; want it recorded, naming worker-1", e)
+	}
+	if e := r.Append(term, Event{Kind: Lost, Scope: "orders", Token: 6, Holder: "worker-3", LeaseID: fence.LeaseID{2}}); e.Holder != "worker-3" {
+		t.Fatalf("a loss naming its holder recorded as %+v; want worker-3 kept", e)
+	}
+	if e := r.Append(term, Event{Kind: Lost, Scope: "orders", Token: 9, LeaseID: fence.LeaseID{3}}); e.Position == 0 || e.Holder != "" {
+		t.Fatalf("a loss of a lease the ring has no event of recorded as %+v; want it recorded without a holder", e)
+	}
+}
+
 // TestRingBoundsRejections: a stale token refused again and again on a
 // scope, whatever guard reports it, records one rejection while it is
 // retained, and since reporters may name any token and scope, rejections

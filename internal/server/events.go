@@ -23,16 +23,13 @@ func renewedEvent(scope string, l fsm.Lease, at time.Time) eventlog.Event {
 }
 
 // renewRefused publishes a renewal answered lost; other refusals (an
-// unknown lease ID) are not lease events.
+// unknown lease ID) are not lease events. A lease no longer in the state
+// has no holder in r: the event ring finds it, if it records the loss.
 func (s *Server) renewRefused(r fsm.Result) {
 	if r.Outcome != fsm.Lost {
 		return
 	}
-	holder := r.Lease.Holder
-	if holder == "" {
-		holder = s.events.Holder(r.Scope, r.Lease.Token)
-	}
-	s.publish(eventlog.Event{Kind: eventlog.Lost, Scope: r.Scope, Token: r.Lease.Token, Holder: holder, LeaseID: r.Lease.ID, At: time.Now(), Current: r.Current})
+	s.publish(eventlog.Event{Kind: eventlog.Lost, Scope: r.Scope, Token: r.Lease.Token, Holder: r.Lease.Holder, LeaseID: r.Lease.ID, At: time.Now(), Current: r.Current})
 }
 
 // confirmed records the renewals of decided (of the leases asked) that
