@@ -558,19 +558,8 @@ func retry[T any](ctx context.Context, c *Client, f func(context.Context, *servi
 		// Only the call that saw the failure moves on: concurrent calls
 		// failing on the same node must not skip the next one.
 		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
-		sleep := p.next(refused, len(c.nodes))
-		if time.Now().Add(sleep).After(give) {
+		if !p.pause(ctx, give, refused, len(c.nodes)) {
 			return v, err
-		}
-		if sleep == 0 {
-			continue
-		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return v, err
-		case <-t.C:
 		}
 	}
 }

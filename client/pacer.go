@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"syscall"
@@ -44,6 +45,27 @@ func (p *pacer) next(refused bool, nodes int) time.Duration {
 	p.skipped = 0
 	p.backoff = min(max(2*p.backoff, minPause), maxPause)
 	return rand.N(p.backoff) + time.Millisecond
+}
+
+// pause waits before the next attempt as next says, and reports true, or
+// reports false at once if the wait would end after until, the call's
+// retry budget, and as soon as ctx ends.
+func (p *pacer) pause(ctx context.Context, until time.Time, refused bool, nodes int) bool {
+	d := p.next(refused, nodes)
+	switch {
+	case time.Now().Add(d).After(until):
+		return false
+	case d == 0:
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // refusedConn reports whether err says that the node refused the

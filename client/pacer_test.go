@@ -88,3 +88,22 @@ func TestAttemptTellsRefusedConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestPacerPauseKeepsToTheBudget: a pause that would end past the call's
+// retry budget is not taken, nor one whose context ends; a refused node
+// is passed over at once, within the budget.
+func TestPacerPauseKeepsToTheBudget(t *testing.T) {
+	ctx := context.Background()
+	var p pacer
+	if p.pause(ctx, time.Now(), false, 3) {
+		t.Error("a pause past the budget was taken")
+	}
+	if !p.pause(ctx, time.Now().Add(time.Hour), true, 3) {
+		t.Error("a refused node within the budget was not passed over")
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if p.pause(cancelled, time.Now().Add(time.Hour), false, 3) {
+		t.Error("a pause whose context ended was taken")
+	}
+}

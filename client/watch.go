@@ -213,19 +213,11 @@ func (c *Client) watch(ctx context.Context, prefix string, from uint64, held boo
 			return fmt.Errorf("watch %q: %w", prefix, err)
 		}
 		c.cur.CompareAndSwap(i, (i+1)%int32(len(c.nodes)))
-		sleep := p.next(refused, len(c.nodes))
-		if time.Now().Add(sleep).After(give) {
+		if !p.pause(ctx, give, refused, len(c.nodes)) {
+			if ctx.Err() != nil {
+				return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
+			}
 			return fmt.Errorf("watch %q: %w", prefix, err)
-		}
-		if sleep == 0 {
-			continue
-		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("watch %q: %w", prefix, context.Cause(ctx))
-		case <-t.C:
 		}
 	}
 }
