@@ -37,8 +37,10 @@ func (a *app) newDemoCmd() *cobra.Command {
 		Use:   "demo",
 		Short: "Play the two stale-writer stories, with and without the fence",
 		Long: `Demo starts a fenced and a guarded resource in this process (an HTTP
-register whose data and highest tokens live in one SQLite database, or
-with --store bolt one bbolt file) and plays the two timelines of the
+register whose data and highest tokens live in one SQLite database, with
+--store bolt one bbolt file, or with --store s3://BUCKET[/PREFIX] a bucket
+through guard/s3guard, reached as fencectl guard follow reaches one, its
+objects deleted after each story) and plays the two timelines of the
 fencing-token story:
 
   pause:   A acquires, pauses past its TTL, the lease expires, B acquires a
@@ -73,8 +75,15 @@ service only when its command line names one.`,
 		Args: exactArgs(),
 		RunE: a.run(func(cmd *cobra.Command, _ []string) error {
 			open, known := registerStores[store]
+			if !known && strings.HasPrefix(store, "s3://") {
+				t, err := parseFollowTarget(store)
+				if err != nil {
+					return usageErrorf("--store: %v", err)
+				}
+				open, known = openS3Register(t), true
+			}
 			if !known {
-				return usageErrorf("--store %q: want sqlite or bolt", store)
+				return usageErrorf("--store %q: want sqlite or bolt, or s3://BUCKET[/PREFIX]", store)
 			}
 			var c *client.Client
 			if cmd.Flags().Changed("addr") {
@@ -100,7 +109,7 @@ service only when its command line names one.`,
 			return nil
 		}),
 	}
-	cmd.Flags().StringVar(&store, "store", "sqlite", "where the register keeps its values and the guard its marks: sqlite (guard/sqlguard) or bolt (guard/boltguard)")
+	cmd.Flags().StringVar(&store, "store", "sqlite", "where the register keeps its values and the guard its marks: sqlite (guard/sqlguard), bolt (guard/boltguard) or s3://BUCKET[/PREFIX] (guard/s3guard; the AWS environment variables as for guard follow)")
 	return cmd
 }
 

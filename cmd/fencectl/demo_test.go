@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/fence-dev/fence/internal/scrape"
 )
@@ -70,9 +75,21 @@ func TestDemo(t *testing.T) {
 	}{
 		{[]string{"demo"}, "SQLite via sqlguard", "SQLite, unguarded"}, // the default
 		{[]string{"demo", "--store", "bolt"}, "bbolt via boltguard", "bbolt, unguarded"},
+		// The bucket of FENCE_TEST_S3, reached through the AWS environment.
+		{[]string{"demo", "--store", "s3"}, "S3 via s3guard", "S3, unguarded"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			r := (&fenced{}).want(t, exitOK, tc.args...)
+			args := tc.args
+			var leftOver func() []string
+			if args[len(args)-1] == "s3" {
+				args, leftOver = demoBucket(t)
+			}
+			r := (&fenced{}).want(t, exitOK, args...)
+			if leftOver != nil {
+				if keys := leftOver(); len(keys) > 0 {
+					t.Errorf("the demo left %d objects in the bucket, such as %s", len(keys), keys[0])
+				}
+			}
 			if n := strings.Count(r.stdout, "rejected as stale"); n != 2 {
 				t.Errorf("%d stale rejections, want 2 (the guarded stories)\n%s", n, r.stdout)
 			}
@@ -92,6 +109,26 @@ func TestDemo(t *testing.T) {
 				t.Errorf("no verdict line\n%s", r.stdout)
 			}
 		})
+	}
+}
+
+// demoBucket returns the arguments of a demo on the test bucket, under a
+// prefix of the test's own, and a func that lists the objects left there.
+func demoBucket(t *testing.T) ([]string, func() []string) {
+	api, bucket := testBucket(t)
+	prefix := fmt.Sprintf("fencectl-demo/%08x/", rand.Uint32())
+	return []string{"demo", "--store", "s3://" + bucket + "/" + prefix}, func() []string {
+		var keys []string
+		for p := s3.NewListObjectsV2Paginator(api, &s3.ListObjectsV2Input{Bucket: &bucket, Prefix: &prefix}); p.HasMorePages(); {
+			page, err := p.NextPage(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range page.Contents {
+				keys = append(keys, *o.Key)
+			}
+		}
+		return keys
 	}
 }
 

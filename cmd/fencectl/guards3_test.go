@@ -24,14 +24,7 @@ import (
 // write through s3guard is refused before anyone else wrote; in a scope no
 // follower covers, the same late write is accepted.
 func TestGuardFollowS3(t *testing.T) {
-	raw := needServer(t, "FENCE_TEST_S3", "http://fence:fence-secret@127.0.0.1:18339/fence-test", func(raw string) error {
-		_, _, err := s3Env(t, raw)
-		return err
-	})
-	api, bucket, err := s3Env(t, raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	api, bucket := testBucket(t)
 	prefix := fmt.Sprintf("fencectl-follow/%08x/", rand.Uint32())
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -107,6 +100,23 @@ func TestGuardFollowS3(t *testing.T) {
 // the S3 server of raw (http://KEY:SECRET@HOST:PORT/BUCKET) for the rest
 // of the test, and returns a client from them and the bucket, once it
 // answers.
+// testBucket sets the AWS environment for the test S3 server
+// (FENCE_TEST_S3, default scripts/services.env's), which fencectl then
+// reaches, and returns a client of it and its bucket; it skips the test
+// when the server does not answer, or fails it in CI (needServer).
+func testBucket(t *testing.T) (*s3.Client, string) {
+	t.Helper()
+	raw := needServer(t, "FENCE_TEST_S3", "http://fence:fence-secret@127.0.0.1:18339/fence-test", func(raw string) error {
+		_, _, err := s3Env(t, raw)
+		return err
+	})
+	api, bucket, err := s3Env(t, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, bucket
+}
+
 func s3Env(t *testing.T, raw string) (*s3.Client, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
