@@ -54,15 +54,7 @@ func TestFromBuildInfo(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := FromBuildInfo(&tc.bi)
-			if got := in.Short(); got != tc.short {
-				t.Errorf("Short() = %q, want %q", got, tc.short)
-			}
-			text := in.Text("fenced")
-			for _, want := range tc.textHas {
-				if !strings.Contains(text, want) {
-					t.Errorf("Text lacks %q:\n%s", want, text)
-				}
-			}
+			checkShortAndText(t, in, tc.short, tc.textHas)
 			if !in.Time.Equal(tc.wantTime) || in.Modified != tc.wantDirty {
 				t.Errorf("Time, Modified = %v, %v; want %v, %v", in.Time, in.Modified, tc.wantTime, tc.wantDirty)
 			}
@@ -143,17 +135,23 @@ func TestStamped(t *testing.T) {
 		textHas: []string{"revision: " + rev + "\n", "time:     2026-12-07T04:32:44Z\n"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			in := tc.in.Stamped(tc.version, tc.revision, tc.tm, tc.dirty)
-			if got := in.Short(); got != tc.short {
-				t.Errorf("Short() = %q, want %q", got, tc.short)
-			}
-			text := in.Text("fenced")
-			for _, want := range tc.textHas {
-				if !strings.Contains(text, want) {
-					t.Errorf("Text lacks %q:\n%s", want, text)
-				}
-			}
+			checkShortAndText(t, tc.in.Stamped(tc.version, tc.revision, tc.tm, tc.dirty), tc.short, tc.textHas)
 		})
+	}
+}
+
+// checkShortAndText checks in's Short and that its Text for fenced has
+// each of textHas.
+func checkShortAndText(t *testing.T, in Info, short string, textHas []string) {
+	t.Helper()
+	if got := in.Short(); got != short {
+		t.Errorf("Short() = %q, want %q", got, short)
+	}
+	text := in.Text("fenced")
+	for _, want := range textHas {
+		if !strings.Contains(text, want) {
+			t.Errorf("Text lacks %q:\n%s", want, text)
+		}
 	}
 }
 
