@@ -24,7 +24,7 @@ type Rejection struct {
 	Scope     string
 	Presented uint64
 	Highest   uint64
-	Holder    string // of the presented token, if its grant is still retained
+	Holder    string // of the presented token, if the ring retains an event of it naming one
 	At        time.Time
 }
 

@@ -55,11 +55,16 @@ type Ring struct {
 	changed chan struct{} // closed and replaced at every append
 	closed  bool
 	// repeats is the position of each lease's newest renewal and newest
-	// loss, and of each rejected token's rejection, still retained: no
-	// more entries than the ring has events.
+	// loss, and of each rejected token's rejection, still retained; and,
+	// under holderKey, of each token's newest event retained that names
+	// its holder, so that Holder reads one slot where it scanned the ring
+	// for every rejection reported. At most two entries an event.
 	repeats map[repeatKey]uint64
 	// rejections counts the rejections retained.
 	rejections int
+	// holderReads counts the slots holder lookups read, for tests to check
+	// that a lookup costs one at most, whatever the ring holds.
+	holderReads int
 }
 
 // repeatKey names the events of one kind of one lease, or, for
@@ -73,6 +78,12 @@ type repeatKey struct {
 
 func keyOf(e *Event) repeatKey { return repeatKey{e.Kind, e.Scope, e.Token, e.LeaseID} }
 
+// holderKey names the events of a scope's token that name its holder,
+// under kind 0, which no event has: Kind starts at 1.
+func holderKey(scope string, token uint64) repeatKey {
+	return repeatKey{scope: scope, token: token}
+}
+
 // NewRing returns an empty ring that retains the last size events.
 func NewRing(size int) *Ring {
 	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), repeats: make(map[repeatKey]uint64)}
@@ -81,8 +92,8 @@ func NewRing(size int) *Ring {
 // Append records e as the next event of term; a new term starts the ring
 // afresh. It returns e with its position, or with position 0 if e is a
 // renewal, a loss or a rejection left out (see renewalSpacing and
-// rejectionShare). A loss recorded without a holder gets the one the
-// lease's newest event still retained names (see Holder).
+// rejectionShare). A loss recorded without a holder gets the one its
+// token's newest event still retained names (see Holder).
 func (r *Ring) Append(term uint64, e Event) Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -126,9 +137,7 @@ func (r *Ring) appendLocked(term uint64, e Event) Event {
 	}
 	if e.Kind == Lost && e.Holder == "" {
 		// A renewal answered lost after its lease left the state names no
-		// holder. Looked up here, for the loss recorded, not before for
-		// each left out: naming a lease lost long ago a thousand times a
-		// batch cost a scan of the ring each, 26 ms a batch.
+		// holder: the ring may still know it.
 		e.Holder = r.holderLocked(e.Scope, e.Token)
 	}
 	e.Position = r.next
@@ -137,8 +146,10 @@ func (r *Ring) appendLocked(term uint64, e Event) Event {
 	// Positions increase across terms: a slot at or after the oldest
 	// retained position holds the event that leaves the ring now.
 	if slot.Position >= r.first {
-		if k := keyOf(slot); r.repeats[k] == slot.Position {
-			delete(r.repeats, k) // the newest of its kind and lease (or token) leaves
+		for _, k := range [...]repeatKey{keyOf(slot), holderKey(slot.Scope, slot.Token)} {
+			if r.repeats[k] == slot.Position {
+				delete(r.repeats, k) // the newest of its kind and lease (or token) leaves
+			}
 		}
 		if slot.Kind == Rejected {
 			r.rejections--
@@ -151,6 +162,9 @@ func (r *Ring) appendLocked(term uint64, e Event) Event {
 		fallthrough
 	case Renewed, Lost:
 		r.repeats[keyOf(&e)] = e.Position
+	}
+	if e.Holder != "" {
+		r.repeats[holderKey(e.Scope, e.Token)] = e.Position
 	}
 	if r.next-r.first > uint64(len(r.buf)) {
 		r.first = r.next - uint64(len(r.buf))
@@ -297,8 +311,10 @@ func (r *Ring) Close() {
 	}
 }
 
-// Holder returns the holder of the lease with this token, from its grant
-// if that is still retained; "" if not.
+// Holder returns the holder of the lease with this token of scope, as
+// the newest retained event of it that names one says (its grant, a
+// renewal, its end); "" if none is retained. It reads one event at most:
+// guards report rejections of any token, up to a thousand a report.
 func (r *Ring) Holder(scope string, token uint64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -306,11 +322,10 @@ func (r *Ring) Holder(scope string, token uint64) string {
 }
 
 func (r *Ring) holderLocked(scope string, token uint64) string {
-	for p := r.next; p > r.first; p-- {
-		e := &r.buf[(p-1)%uint64(len(r.buf))]
-		if e.Token == token && e.Scope == scope && e.Holder != "" {
-			return e.Holder
-		}
+	p, ok := r.repeats[holderKey(scope, token)]
+	if !ok {
+		return ""
 	}
-	return ""
+	r.holderReads++
+	return r.buf[p%uint64(len(r.buf))].Holder
 }

@@ -333,3 +333,59 @@ func TestRingBoundsRejections(t *testing.T) {
 		t.Fatalf("%d rejections counted and %v remembered in the new term, want orders/d alone", r.rejections, r.repeats)
 	}
 }
+
+// TestRingLooksHoldersUpInOneRead: a report of 1000 rejections of tokens
+// the ring has never seen, against a full ring, names no holder and reads
+// no event, as losses of such leases do; a token whose events are retained
+// is named from the newest that names its holder, in one read, until they
+// all leave the ring. Holder once scanned the ring for each rejection
+// reported, under its lock: ten million events read a report.
+func TestRingLooksHoldersUpInOneRead(t *testing.T) {
+	const term = 1
+	r := NewRing(RingSize)
+	at := time.Unix(1_000_000, 0)
+	for i := range RingSize {
+		r.Append(term, Event{Kind: Granted, Scope: fmt.Sprint("orders/", i), Token: uint64(i + 1), Holder: fmt.Sprint("worker-", i), At: at})
+	}
+	// As ReportRejections does with each rejection of a report.
+	for i := range 1000 {
+		scope, token := fmt.Sprint("orders/", i), uint64(RingSize+1+i)
+		h := r.Holder(scope, token)
+		if h != "" {
+			t.Fatalf("holder of unknown token %d of %s: %q", token, scope, h)
+		}
+		r.Append(term, Event{Kind: Rejected, Scope: scope, Token: token, Holder: h, Current: token + 1, Guard: "guard-0", At: at})
+		if e := r.Append(term, Event{Kind: Lost, Scope: scope, Token: token, LeaseID: fence.LeaseID{byte(i), byte(i >> 8)}, At: at}); e.Holder != "" {
+			t.Fatalf("loss of unknown token %d of %s names %q", token, scope, e.Holder)
+		}
+	}
+	if r.holderReads != 0 {
+		t.Fatalf("2000 lookups of unknown tokens read %d events; want none", r.holderReads)
+	}
+	const known = RingSize - 1 // the newest grant: the rejections and losses pushed out the first 2000
+	if h := r.Holder(fmt.Sprint("orders/", known), known+1); h != fmt.Sprint("worker-", known) || r.holderReads != 1 {
+		t.Fatalf("holder of a retained grant: %q after %d reads; want worker-%d after one", h, r.holderReads, known)
+	}
+	if h := r.Holder("orders/0", 1); h != "" {
+		t.Fatalf("holder of a grant that left the ring: %q", h)
+	}
+
+	// A renewal retained names the holder after its grant left; once it
+	// leaves too, nothing does.
+	small := NewRing(4)
+	small.Append(term, Event{Kind: Granted, Scope: "a", Token: 7, Holder: "worker-1", At: at})
+	small.Append(term, Event{Kind: Renewed, Scope: "a", Token: 7, Holder: "worker-1", LeaseID: fence.LeaseID{1}, TTL: time.Second, At: at})
+	for i := range 4 { // the third pushes the grant out, the fourth the renewal
+		small.Append(term, Event{Kind: Granted, Scope: "b", Token: uint64(i + 1), Holder: "worker-2", At: at})
+		want := "worker-1"
+		if i == 3 {
+			want = ""
+		}
+		if h := small.Holder("a", 7); h != want {
+			t.Fatalf("holder of a/7 after %d grants of b: %q, want %q", i+1, h, want)
+		}
+	}
+	if n := len(small.repeats); n > 2*4 {
+		t.Fatalf("%d entries remembered for a ring of 4: %v", n, small.repeats)
+	}
+}
