@@ -255,7 +255,10 @@ export class Client {
   /**
    * watch streams the lease events of the scopes under prefix ("" for all),
    * one response at a time, from opts.startPosition (absent: from now), with
-   * the held leases first if opts.includeHeld. It is one stream: it throws
+   * the held leases first if opts.includeHeld. The leader records a renewal
+   * of a lease a quarter of its TTL apart at least, one loss a lease and one
+   * rejection a stale token of a scope, rejections in a tenth of the events
+   * it keeps at most (docs/protocol.md, "Watch"). It is one stream: it throws
    * when the stream ends, an UnavailableError when the node could not be
    * reached or the stream was cut off (the next watch goes to the next
    * node), a FenceError with code "out_of_range" when the start position is

@@ -6,7 +6,12 @@
 
 import { FenceError, UnavailableError } from "./errors.js";
 
-/** EventKind is a watch event's kind: the wire's EVENT_KIND_X, as "x". */
+/**
+ * EventKind is a watch event's kind: the wire's EVENT_KIND_X, as "x". The
+ * leader records "renewed" a quarter of the lease's TTL apart at least,
+ * "lost" once a lease, "rejected" once a stale token of a scope, in a tenth
+ * of the events it keeps at most (docs/protocol.md, "Watch").
+ */
 export type EventKind = "granted" | "renewed" | "released" | "expired" | "lost" | "rejected" | "held" | "unspecified";
 
 /**

@@ -408,7 +408,10 @@ class Client:
     ) -> "Watch":
         """watch streams the lease events of the scopes starting with prefix
         ("" for all), as the service's leader records them: an iterator of
-        Events (see Watch). start_position is 0 to begin now, or the
+        Events (see Watch). The leader records a renewal of a lease a quarter
+        of its TTL apart at least, one loss a lease and one rejection a
+        stale token of a scope, rejections in a tenth of the events it
+        keeps at most (docs/protocol.md, "Watch"). start_position is 0 to begin now, or the
         next_position of an earlier watch to resume it. include_held begins
         with a "held" event for every lease held under the prefix.
         progress(next_position), when given, is called after each response

@@ -35,11 +35,11 @@ __all__ = ["Event", "Watch", "EVENT_KINDS"]
 #: EVENT_KINDS maps the protocol's kinds to Event.kind, Go's names.
 EVENT_KINDS = {
     "EVENT_KIND_GRANTED": "granted",    # a new lease began, with a new token
-    "EVENT_KIND_RENEWED": "renewed",    # its holder renewed it; same token
+    "EVENT_KIND_RENEWED": "renewed",    # its holder renewed it; same token (a quarter TTL apart at least)
     "EVENT_KIND_RELEASED": "released",  # its holder released it
     "EVENT_KIND_EXPIRED": "expired",    # the service expired it
-    "EVENT_KIND_LOST": "lost",          # a renewal was answered lost
-    "EVENT_KIND_REJECTED": "rejected",  # a guard refused a write with this stale token
+    "EVENT_KIND_LOST": "lost",          # a renewal was answered lost (once a lease)
+    "EVENT_KIND_REJECTED": "rejected",  # a guard refused a write with this stale token (once a token of a scope)
     "EVENT_KIND_HELD": "held",          # held when the watch began (include_held)
 }
 
