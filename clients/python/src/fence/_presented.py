@@ -1,11 +1,11 @@
-"""What the database guards share: the token a write presents, and the
-stale answers of the guards inside PostgreSQL and Redis, which both list
+"""What the database guards share: the token a write presents, the cursor
+an advance runs on, and the stale answers of the guards inside PostgreSQL and Redis, which both list
 "key=value" fields."""
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 from .errors import InvalidError, StaleError
 from .token import Token, parse_token
@@ -34,6 +34,17 @@ def presented_token(p: Presented) -> Tuple[Token, Optional["Lease"]]:
     if isinstance(p, Token):
         return p, None
     raise TypeError(f"a fenced write presents a Lease, a Token or a token's text, not {type(p).__name__}")
+
+
+def on_cursor(cur: Any, f: Callable[[Any], None]) -> None:
+    """on_cursor calls f with cur, a DB-API cursor, or, if cur is a
+    connection, with a cursor of it that is closed afterwards: the
+    advances take either."""
+    if hasattr(cur, "cursor") and not hasattr(cur, "execute"):
+        with cur.cursor() as c:
+            f(c)
+    else:
+        f(cur)
 
 
 _MAX_SEQ = (1 << 63) - 1

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from .errors import FenceError, InvalidError, StaleError
 from .token import MAX_TOKEN, validate_scope
-from ._presented import Presented, check_seq, presented_token, stale_from_fields
+from ._presented import Presented, check_seq, on_cursor, presented_token, stale_from_fields
 
 if TYPE_CHECKING:
     from .client import Reporter
@@ -78,11 +78,7 @@ def mysql_advance(
     token, lease = presented_token(presented)
     proc = _procedure(database)
     seq = check_seq(seq)
-    if hasattr(cur, "cursor") and not hasattr(cur, "execute"):
-        with cur.cursor() as c:
-            _advance(c, proc, token.scope, token.value, seq, lease, reporter, guard)
-    else:
-        _advance(cur, proc, token.scope, token.value, seq, lease, reporter, guard)
+    on_cursor(cur, lambda c: _advance(c, proc, token.scope, token.value, seq, lease, reporter, guard))
 
 
 def _advance(cur: Any, proc: str, scope: str, value: int, seq: int, lease, reporter, guard: str) -> None:

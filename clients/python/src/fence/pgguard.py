@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from .errors import FenceError, InvalidError, StaleError
 from .token import MAX_TOKEN
-from ._presented import Presented, check_seq, presented_token, stale_from_fields
+from ._presented import Presented, check_seq, on_cursor, presented_token, stale_from_fields
 
 if TYPE_CHECKING:
     from .client import Lease, Reporter
@@ -71,11 +71,7 @@ def pg_advance(
     token, lease = presented_token(presented)
     fn = _function(schema)
     seq = check_seq(seq)
-    if hasattr(cur, "cursor") and not hasattr(cur, "execute"):
-        with cur.cursor() as c:
-            _advance(c, fn, token.scope, token.value, seq, lease, reporter, guard)
-    else:
-        _advance(cur, fn, token.scope, token.value, seq, lease, reporter, guard)
+    on_cursor(cur, lambda c: _advance(c, fn, token.scope, token.value, seq, lease, reporter, guard))
 
 
 def _advance(cur: Any, fn: str, scope: str, value: int, seq: int, lease, reporter, guard: str) -> None:
