@@ -33,59 +33,17 @@ func TestGuardFollow(t *testing.T) {
 	defer c.Close()
 	name := fmt.Sprintf("fencectl_follow_%08x", rand.Uint32())
 
-	// scenario runs a lease's life under scope with write, the guarded
-	// write of one of the installed functions (nil error: accepted), and
-	// returns whether the old holder's late write was accepted.
+	// scenario returns whether the old holder's late write was accepted
+	// (followScenario), failing the test if it was refused other than as
+	// stale.
 	scenario := func(t *testing.T, scope, end string, write func(scope string, token uint64) error) (lateAccepted bool) {
 		t.Helper()
-		ctx := context.Background()
-		ttl := time.Minute
-		if end == "expired" {
-			// Long enough for the holder's write to land before the
-			// follower closes the token, even on a busy machine.
-			ttl = time.Second
+		_, err := followScenario(t, c, scope, end, write)
+		if err != nil && strings.HasPrefix(scope, "followed/") &&
+			!strings.Contains(err.Error(), "FN409") && !strings.Contains(err.Error(), "STALE") && !strings.Contains(err.Error(), "1644") {
+			t.Fatalf("%s: late write: %v, want refused as stale", scope, err)
 		}
-		l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := write(scope, l.Token); err != nil {
-			t.Fatalf("%s: the holder's write: %v", scope, err)
-		}
-		if end == "released" {
-			if _, err := c.Release(ctx, scope, l.ID); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var closing uint64
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			st, err := c.Get(ctx, scope)
-			if err == nil && st.Lease == nil {
-				closing = st.LastToken
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the lease did not end", scope)
-			}
-		}
-		if closing != l.Token+1 {
-			t.Fatalf("%s: last token %d after the end of token %d, want its closing %d", scope, closing, l.Token, l.Token+1)
-		}
-		if strings.HasPrefix(scope, "followed/") {
-			// Poll with the late write itself until it is refused: the
-			// follower's delay. Each try that is accepted changes
-			// nothing, its token being the mark already.
-			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-				if err := write(scope, l.Token); err != nil {
-					if !strings.Contains(err.Error(), "FN409") && !strings.Contains(err.Error(), "STALE") && !strings.Contains(err.Error(), "1644") {
-						t.Fatalf("%s: late write: %v, want refused as stale", scope, err)
-					}
-					return false
-				}
-			}
-			return true
-		}
-		return write(scope, l.Token) == nil
+		return err == nil
 	}
 
 	check := func(t *testing.T, u string, write func(scope string, token uint64) error) {
@@ -129,6 +87,58 @@ func TestGuardFollow(t *testing.T) {
 			return rdb.FCall(context.Background(), "fence_set", []string{mark, key}, token, 0, "v").Err()
 		})
 	})
+}
+
+// followScenario runs a lease's life under scope on c, with write the
+// guarded write of one store (nil error: accepted): the holder writes, the
+// lease is released or expires (end), its closing token is recorded at the
+// service, and then the old holder writes again. Under "followed/" that
+// late write is retried, the follower's delay, until it is refused (for
+// 20 s at most); a retry that is accepted changes nothing, its token being
+// the mark already. It returns the lease's token and the late write's last
+// error, nil if it was accepted.
+func followScenario(t *testing.T, c *client.Client, scope, end string, write func(scope string, token uint64) error) (uint64, error) {
+	t.Helper()
+	ctx := context.Background()
+	ttl := time.Minute
+	if end == "expired" {
+		// Long enough for the holder's write to land before the
+		// follower closes the token, even on a busy machine.
+		ttl = time.Second
+	}
+	l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(scope, l.Token); err != nil {
+		t.Fatalf("%s: the holder's write: %v", scope, err)
+	}
+	if end == "released" {
+		if _, err := c.Release(ctx, scope, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var closing uint64
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := c.Get(ctx, scope)
+		if err == nil && st.Lease == nil {
+			closing = st.LastToken
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the lease did not end", scope)
+		}
+	}
+	if closing != l.Token+1 {
+		t.Fatalf("%s: last token %d after the end of token %d, want its closing %d", scope, closing, l.Token, l.Token+1)
+	}
+	err = write(scope, l.Token)
+	if strings.HasPrefix(scope, "followed/") {
+		for deadline := time.Now().Add(20 * time.Second); err == nil && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			err = write(scope, l.Token)
+		}
+	}
+	return l.Token, err
 }
 
 // startGuardFollow starts `fencectl guard follow u --prefix prefix -o

@@ -53,41 +53,10 @@ func TestGuardFollowS3(t *testing.T) {
 	}
 	for _, end := range []string{"released", "expired"} {
 		for _, scope := range []string{"followed/" + end, "unfollowed/" + end} {
-			ctx := context.Background()
-			ttl := time.Minute
-			if end == "expired" {
-				ttl = time.Second
-			}
-			l, err := c.Grant(ctx, scope, client.WithTTL(ttl))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := write(scope, l.Token); err != nil {
-				t.Fatalf("%s: the holder's write: %v", scope, err)
-			}
-			if end == "released" {
-				if _, err := c.Release(ctx, scope, l.ID); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if st, err := c.Get(ctx, scope); err == nil && st.Lease == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: the lease did not end", scope)
-				}
-			}
-			err = write(scope, l.Token)
+			token, err := followScenario(t, c, scope, end, write)
 			if strings.HasPrefix(scope, "followed/") {
-				// The follower's delay: retry the late write until it is
-				// refused; one accepted changes nothing, its token being
-				// the mark already.
-				for deadline := time.Now().Add(20 * time.Second); err == nil && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-					err = write(scope, l.Token)
-				}
-				if stale, ok := errors.AsType[*guard.StaleError](err); !ok || stale.Highest != l.Token+1 {
-					t.Errorf("%s with a follower: late write %v; want refused by the closing token %d", scope, err, l.Token+1)
+				if stale, ok := errors.AsType[*guard.StaleError](err); !ok || stale.Highest != token+1 {
+					t.Errorf("%s with a follower: late write %v; want refused by the closing token %d", scope, err, token+1)
 				}
 			} else if err != nil {
 				t.Errorf("%s without a follower: late write %v; want accepted (the window the follower closes)", scope, err)
@@ -96,10 +65,6 @@ func TestGuardFollowS3(t *testing.T) {
 	}
 }
 
-// s3Env points the AWS environment variables, which fencectl reads, at
-// the S3 server of raw (http://KEY:SECRET@HOST:PORT/BUCKET) for the rest
-// of the test, and returns a client from them and the bucket, once it
-// answers.
 // testBucket sets the AWS environment for the test S3 server
 // (FENCE_TEST_S3, default scripts/services.env's), which fencectl then
 // reaches, and returns a client of it and its bucket; it skips the test
@@ -117,6 +82,10 @@ func testBucket(t *testing.T) (*s3.Client, string) {
 	return api, bucket
 }
 
+// s3Env points the AWS environment variables, which fencectl reads, at
+// the S3 server of raw (http://KEY:SECRET@HOST:PORT/BUCKET) for the rest
+// of the test, and returns a client from them and the bucket, once it
+// answers.
 func s3Env(t *testing.T, raw string) (*s3.Client, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
