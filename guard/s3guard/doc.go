@@ -76,8 +76,8 @@
 // by its one mark object: writes of one scope are serial, one per four
 // request times or so, and many scopes write in parallel. Measured
 // (BenchmarkPut, SeaweedFS on loopback, a busy 2-core machine), a 4 KiB
-// put took 11 to 15 ms through the guard and 3 to 5 ms plain, about 3
-// times as long, so one scope took 70 to 90 writes a second; against S3
+// put took 8 to 15 ms through the guard and 2.5 to 5 ms plain, about 3
+// times as long, so one scope took 70 to 130 writes a second; against S3
 // over a network, where a request takes tens of milliseconds, expect
 // about ten a second per scope (an estimate, not measured here). The
 // mark lists the scope's objects and is rewritten by each write, so keep
